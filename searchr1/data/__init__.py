@@ -1,0 +1,1 @@
+"""searchr1.data"""

@@ -1,0 +1,64 @@
+"""The one search interface every backend implements.
+
+hits = retriever.search(["who founded Acme", "where is Borvik"], topk=3)
+hits[0][0].title, hits[0][0].text, hits[0][0].score
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One retrieved passage."""
+
+    id: str
+    title: str
+    text: str
+    score: float
+
+    @property
+    def contents(self) -> str:
+        """The wiki-18 / FlashRAG form: the quoted title on the first line, then the text."""
+        return f'"{self.title}"\n{self.text}'
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class SearchError(RuntimeError):
+    """A search could not be answered (backend down, timeout after retries, bad response).
+
+    The rollout turns it into an observation that says the search failed; it never ends a run.
+    """
+
+
+class Retriever(ABC):
+    """Batch-first search: one call answers many queries."""
+
+    name: str = "retriever"
+
+    @abstractmethod
+    def search(self, queries: list[str], topk: int) -> list[list[Hit]]:
+        """Return, for every query, up to ``topk`` hits sorted by decreasing score."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources (threads, connections, memory maps)."""
+
+
+RETRIEVERS: dict[str, Callable[..., Retriever]] = {}
+"""Backend name -> factory; ``build_retriever`` looks names up here."""
+
+
+def register_retriever(name: str) -> Callable[[Callable[..., Retriever]], Callable[..., Retriever]]:
+    """Decorator: make a backend factory selectable by ``retrieval.backend=name``."""
+
+    def deco(factory: Callable[..., Retriever]) -> Callable[..., Retriever]:
+        RETRIEVERS[name] = factory
+        return factory
+
+    return deco

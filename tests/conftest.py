@@ -1,0 +1,40 @@
+"""Shared fixtures: seeded RNGs, offline hub, a tiny model folder written by the tests themselves."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+TINY_TEXTS = [
+    "Alice Verdan was born in Borvik in 1901. She founded the Quillon Press.",
+    "Borvik is a city in Tarnland. The Quillon Press is a publisher based in Borvik.",
+    "Question: where was Alice Verdan born? <think> I should search. </think> "
+    "<search> Alice Verdan </search> <information> Doc 1(Title: Alice Verdan) born in Borvik "
+    "</information> <answer> Borvik </answer>",
+] * 40
+
+
+@pytest.fixture(autouse=True)
+def _seed_everything() -> None:
+    random.seed(0)
+    np.random.seed(0)
+    torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory):
+    """A tiny Qwen2-style model + tokenizer saved as a Hugging Face folder (built once per session)."""
+    from searchr1.models import save_tiny_checkpoint
+
+    out = tmp_path_factory.mktemp("tiny-model")
+    return save_tiny_checkpoint(out, TINY_TEXTS, seed=0, vocab_size=512)

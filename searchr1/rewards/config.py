@@ -2,10 +2,74 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
+
+# Names accepted by ``RewardConfig.from_simple`` besides the component names themselves.
+SIMPLE_ALIASES = {
+    "format_bonus": "format",
+    "format_reward": "format",
+    "invalid_format_penalty": "invalid_format",
+    "em": "exact_match",
+    "subem": "sub_exact_match",
+    "retrieval_reward": "retrieval",
+    "judge": "llm_judge",
+}
 
 
 @dataclass
 class RewardConfig:
     components: dict[str, float] = field(default_factory=lambda: {"exact_match": 1.0})
-    """Reward components by name and their weights, e.g. {exact_match: 10.0, search_penalty: -0.1}."""
+    """Reward components by name and their weights, e.g. {correct_answer: 10.0, search_penalty: -0.1, invalid_format: -5.0}; a `module:function` name adds a user reward."""
+    answer_metric: str = "em"
+    """Metric of the `correct_answer` component: em | subem | f1."""
+    search_budget: int = 3
+    """Searches allowed before the `search_budget` component counts each further one."""
+    embedding_model: str | None = None
+    """Sentence-transformers folder for `embedding_similarity` (None = the bundled all-MiniLM-L6-v2)."""
+    judge_url: str | None = None
+    """OpenAI-compatible endpoint for `llm_judge` (base URL such as http://host:8000/v1, or the full /chat/completions URL)."""
+    judge_model: str = "gpt-4o-mini"
+    """Model name sent to the judge endpoint."""
+    judge_api_key_env: str = "OPENAI_API_KEY"
+    """Environment variable holding the judge's API key (sent as a Bearer token when set)."""
+    judge_timeout_s: float = 20.0
+    """Seconds to wait for one judge answer."""
+    judge_retries: int = 1
+    """Extra attempts after a failed judge call."""
+    judge_fallback: float = 0.0
+    """Score used (and the failure recorded) when the judge fails, times out or answers nonsense."""
+
+    @classmethod
+    def from_simple(cls, weights: Mapping[str, float], **fields: Any) -> RewardConfig:
+        """Build from the seed's flat form, e.g. ``{"correct_answer": 10.0, "search_penalty": -0.1,
+        "invalid_format": -5.0}``; aliases such as ``format_bonus`` map to component names."""
+        comps = {SIMPLE_ALIASES.get(k, k): float(v) for k, v in weights.items()}
+        cfg = cls(components=comps, **fields)
+        cfg.validate(None)
+        return cfg
+
+    def validate(self, root: Any) -> None:
+        from searchr1.rewards.registry import REWARD_COMPONENTS
+
+        if not self.components:
+            raise ValueError("reward.components: at least one component is needed")
+        for name in self.components:
+            if ":" in name:
+                module, _, func = name.partition(":")
+                if not module or not func:
+                    raise ValueError(f"reward.components.{name}: a user reward is given as module:function")
+            elif name not in REWARD_COMPONENTS:
+                known = ", ".join(sorted(REWARD_COMPONENTS))
+                raise ValueError(f"reward.components.{name}: unknown reward component; known: {known}")
+        if self.answer_metric not in ("em", "subem", "f1"):
+            raise ValueError(f"reward.answer_metric: expected em | subem | f1, got {self.answer_metric!r}")
+        if self.search_budget < 0:
+            raise ValueError(f"reward.search_budget: must be >= 0, got {self.search_budget}")
+        if "llm_judge" in self.components and not self.judge_url:
+            raise ValueError("reward.judge_url: required when reward.components has llm_judge")
+        if self.judge_timeout_s <= 0:
+            raise ValueError("reward.judge_timeout_s: must be > 0")
+        if self.judge_retries < 0:
+            raise ValueError("reward.judge_retries: must be >= 0")

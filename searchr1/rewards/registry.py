@@ -1,0 +1,252 @@
+"""Reward components by name: what each one measures on a finished episode.
+
+Each component maps a ``RewardContext`` to a raw score; the composite reward multiplies it by the
+weight given in ``reward.components`` and sums. A new component is one decorated class:
+
+    @register_reward("short_answer")
+    class ShortAnswer(RewardComponent):
+        def score(self, ctx):
+            return float(ctx.answer is not None and len(ctx.answer.split()) <= 3)
+
+A user function ``module:function`` in ``reward.components`` receives the ``RewardContext`` and
+returns a float; it needs no registration.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from searchr1.rewards.config import RewardConfig
+from searchr1.rewards.format import FormatResult, check_format
+from searchr1.rewards.text import ANSWER_METRICS, exact_match, extract_answer, f1_score, normalize_answer
+from searchr1.rewards.text import sub_exact_match as _sub_exact_match
+
+
+@dataclass
+class RewardContext:
+    """Everything a reward component may read about one episode."""
+
+    response: str
+    """The model's own text (observations removed): the only place an answer is read from."""
+    golden_answers: list[str]
+    full_response: str | None = None
+    """Response with the <information> blocks, for the structure check (defaults to ``response``)."""
+    question: str = ""
+    searches: int = 0
+    documents: list[list[dict[str, Any]]] = field(default_factory=list)
+    """Per search, the hits (dicts with title / text or contents)."""
+    meta: dict[str, Any] = field(default_factory=dict)
+    trajectory: Any = None
+    """The ``Trajectory`` when scored from one (None for plain strings)."""
+
+    @cached_property
+    def answer(self) -> str | None:
+        return extract_answer(self.response)
+
+    @cached_property
+    def format(self) -> FormatResult:
+        return check_format(self.full_response if self.full_response is not None else self.response)
+
+    @cached_property
+    def retrieved_text(self) -> str:
+        """All retrieved passages joined (from ``documents``, else parsed from the <information> blocks)."""
+        if self.documents:
+            parts = []
+            for hits in self.documents:
+                for h in hits:
+                    parts.append(h.get("contents") or f"{h.get('title', '')} {h.get('text', '')}")
+            return "\n".join(parts)
+        from searchr1.data.prompts import INFO_CLOSE, INFO_OPEN
+
+        text = self.full_response or ""
+        blocks, pos = [], 0
+        while (start := text.find(INFO_OPEN, pos)) >= 0:
+            end = text.find(INFO_CLOSE, start)
+            end = len(text) if end < 0 else end
+            blocks.append(text[start + len(INFO_OPEN) : end])
+            pos = end
+        return "\n".join(blocks)
+
+
+class RewardComponent:
+    """One named reward term. ``score_batch`` may be overridden to batch model or network calls."""
+
+    name = "component"
+
+    def __init__(self, cfg: RewardConfig) -> None:
+        self.cfg = cfg
+        self.failures: list[str] = []
+        """Failures of the last ``score_batch`` call (index: message), reported by the composite."""
+
+    def score(self, ctx: RewardContext) -> float:
+        raise NotImplementedError
+
+    def score_batch(self, ctxs: list[RewardContext]) -> list[float]:
+        self.failures = []
+        return [float(self.score(c)) for c in ctxs]
+
+
+REWARD_COMPONENTS: dict[str, type[RewardComponent]] = {}
+"""Component name -> class; ``reward.components`` keys are looked up here."""
+
+
+def register_reward(name: str) -> Callable[[type[RewardComponent]], type[RewardComponent]]:
+    """Class decorator: make a component selectable by name in ``reward.components``."""
+
+    def deco(cls: type[RewardComponent]) -> type[RewardComponent]:
+        cls.name = name
+        REWARD_COMPONENTS[name] = cls
+        return cls
+
+    return deco
+
+
+@register_reward("correct_answer")
+class CorrectAnswer(RewardComponent):
+    """Answer metric named by ``reward.answer_metric`` (em | subem | f1) of the extracted answer."""
+
+    def score(self, ctx: RewardContext) -> float:
+        return ANSWER_METRICS[self.cfg.answer_metric](ctx.answer, ctx.golden_answers)
+
+
+@register_reward("exact_match")
+class ExactMatch(RewardComponent):
+    """1 if the extracted answer equals a golden answer after normalisation (Search-R1's reward)."""
+
+    def score(self, ctx: RewardContext) -> float:
+        return exact_match(ctx.answer, ctx.golden_answers)
+
+
+@register_reward("sub_exact_match")
+class SubExactMatch(RewardComponent):
+    """1 if a golden answer occurs inside the extracted answer after normalisation."""
+
+    def score(self, ctx: RewardContext) -> float:
+        return _sub_exact_match(ctx.answer, ctx.golden_answers)
+
+
+@register_reward("f1")
+class F1(RewardComponent):
+    """Token F1 of the extracted answer against the best golden answer."""
+
+    def score(self, ctx: RewardContext) -> float:
+        return f1_score(ctx.answer, ctx.golden_answers)
+
+
+@register_reward("format")
+class FormatBonus(RewardComponent):
+    """1 if the response follows the Search-R1 structure (give it a positive weight)."""
+
+    def score(self, ctx: RewardContext) -> float:
+        return float(ctx.format.valid)
+
+
+@register_reward("invalid_format")
+class InvalidFormat(RewardComponent):
+    """1 if the response breaks the Search-R1 structure (give it a negative weight)."""
+
+    def score(self, ctx: RewardContext) -> float:
+        return float(not ctx.format.valid)
+
+
+@register_reward("search_penalty")
+class SearchCount(RewardComponent):
+    """Number of searches made (a negative weight makes each search cost)."""
+
+    def score(self, ctx: RewardContext) -> float:
+        return float(ctx.searches)
+
+
+@register_reward("search_budget")
+class SearchesOverBudget(RewardComponent):
+    """Searches beyond ``reward.search_budget``: max(0, searches - budget) (give it a negative weight)."""
+
+    def score(self, ctx: RewardContext) -> float:
+        return float(max(0, ctx.searches - self.cfg.search_budget))
+
+
+@register_reward("retrieval")
+class RetrievalHit(RewardComponent):
+    """1 if a golden answer (normalised) appears in the retrieved information (normalised)."""
+
+    def score(self, ctx: RewardContext) -> float:
+        info = f" {normalize_answer(ctx.retrieved_text)} "
+        return float(
+            any(normalize_answer(g) and f" {normalize_answer(g)} " in info for g in ctx.golden_answers)
+        )
+
+
+@register_reward("embedding_similarity")
+class EmbeddingSimilarity(RewardComponent):
+    """max over golden answers of cos(e(answer), e(golden)) with the dense encoder; 0 without an answer."""
+
+    def score_batch(self, ctxs: list[RewardContext]) -> list[float]:
+        from searchr1.rewards.embedding import answer_similarity
+
+        self.failures = []
+        return answer_similarity(
+            [c.answer for c in ctxs], [c.golden_answers for c in ctxs], self.cfg.embedding_model
+        )
+
+    def score(self, ctx: RewardContext) -> float:
+        return self.score_batch([ctx])[0]
+
+
+@register_reward("llm_judge")
+class LLMJudge(RewardComponent):
+    """Score in [0, 1] from an LLM judge on an OpenAI-compatible endpoint; failures give the fallback."""
+
+    def __init__(self, cfg: RewardConfig) -> None:
+        super().__init__(cfg)
+        from searchr1.rewards.judge import JudgeClient
+
+        self.client = JudgeClient.from_config(cfg)
+
+    def score_batch(self, ctxs: list[RewardContext]) -> list[float]:
+        results = self.client.judge_batch([(c.question, c.answer, c.golden_answers) for c in ctxs])
+        self.failures = [f"{i}: {r.error}" for i, r in enumerate(results) if r.error]
+        return [r.score for r in results]
+
+    def score(self, ctx: RewardContext) -> float:
+        return self.score_batch([ctx])[0]
+
+
+class UserFunction(RewardComponent):
+    """A user reward ``module:function``; the function receives the ``RewardContext``."""
+
+    def __init__(self, cfg: RewardConfig, spec: str) -> None:
+        super().__init__(cfg)
+        self.name = spec
+        module_name, _, func_name = spec.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise ValueError(
+                f"reward.components.{spec}: cannot import module {module_name!r}: {exc}"
+            ) from exc
+        fn = getattr(module, func_name, None)
+        if not callable(fn):
+            raise ValueError(f"reward.components.{spec}: {module_name} has no function {func_name!r}")
+        self.fn = fn
+
+    def score(self, ctx: RewardContext) -> float:
+        value = self.fn(ctx)
+        try:
+            return float(value)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"user reward {self.name} returned {value!r}, not a number") from exc
+
+
+def build_component(name: str, cfg: RewardConfig) -> RewardComponent:
+    """The component for a ``reward.components`` key (registered name or ``module:function``)."""
+    if ":" in name:
+        return UserFunction(cfg, name)
+    if name not in REWARD_COMPONENTS:
+        raise ValueError(
+            f"reward.components.{name}: unknown reward component; known: {', '.join(sorted(REWARD_COMPONENTS))}"
+        )
+    return REWARD_COMPONENTS[name](cfg)

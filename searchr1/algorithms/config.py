@@ -1,15 +1,135 @@
-"""Configuration of the RL algorithm (section ``algorithm``)."""
+"""Configuration of the RL algorithm (section ``algorithm``).
+
+Every string naming an estimator, loss, KL estimator or aggregation is looked up in the registries
+of :mod:`searchr1.algorithms.registry` (so a user-registered name is accepted too); ``validate``
+checks the names and the numeric ranges and names the dotted key in its error.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Literal
 
 
 @dataclass
 class AlgorithmConfig:
+    # -- advantage estimation ---------------------------------------------------------------------
     advantage: str = "grpo"
-    """Advantage estimator by registry name: gae | grpo | rloo | reinforce | reinforce_plus_plus | ..."""
+    """Advantage estimator by registry name: gae | grpo | rloo | reinforce | reinforce_plus_plus | reinforce_plus_plus_baseline."""
+    gamma: float = 1.0
+    """Discount factor over generated tokens (gae, reinforce_plus_plus)."""
+    lam: float = 1.0
+    """GAE lambda (bias/variance trade-off of gae; 1 = Monte-Carlo return minus value)."""
+    norm_adv_by_std: bool = True
+    """grpo: divide by the group std (false = Dr. GRPO, Liu et al. 2025: reward minus group mean only)."""
+    adv_eps: float = 1e-6
+    """Epsilon added to the group std in grpo (avoids division by zero)."""
+    reinforce_baseline: Literal["none", "batch_mean", "running_mean"] = "none"
+    """reinforce: baseline subtracted from the reward (running_mean = EMA over previous batches)."""
+    reinforce_baseline_momentum: float = 0.9
+    """reinforce running_mean baseline: b <- m * b + (1 - m) * batch mean reward."""
+    # -- policy loss ------------------------------------------------------------------------------
     policy_loss: str = "ppo"
     """Policy loss by registry name: ppo | gspo | vanilla."""
     loss_agg: str = "token-mean"
     """Loss aggregation: token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm."""
+    loss_agg_norm_len: int = 0
+    """seq-mean-token-sum-norm: constant token budget dividing each sequence sum (0 = padded response length)."""
+    clip_ratio_low: float = 0.2
+    """PPO/GSPO lower clip: ratio is clipped at 1 - clip_ratio_low (GSPO paper: 3e-4)."""
+    clip_ratio_high: float = 0.2
+    """PPO/GSPO upper clip: ratio is clipped at 1 + clip_ratio_high (DAPO clip-higher: 0.28; GSPO: 4e-4)."""
+    clip_ratio_c: float = 3.0
+    """Dual-clip constant c > 1 bounding the loss of negative advantages at -c*A (Ye et al. 2020); 0 disables."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus (loss -= entropy_coef * entropy)."""
+    value_clip: float = 0.5
+    """PPO critic: new values are clipped to old_values +- value_clip (0 disables)."""
+    # -- KL regularisation ------------------------------------------------------------------------
+    use_kl_loss: bool = True
+    """Add kl_coef * KL(policy || reference) to the actor loss (GRPO style)."""
+    use_kl_in_reward: bool = False
+    """Subtract kl_coef * per-token KL from the token rewards before advantages (PPO/RLHF style)."""
+    kl_coef: float = 0.001
+    """KL weight (the initial value when kl_ctrl=adaptive)."""
+    kl_estimator: str = "low_var_kl"
+    """Per-token KL estimator on sampled tokens: kl (k1) | mse (k2) | low_var_kl (k3) | abs | k3+ (k3 value, k2 gradient)."""
+    kl_loss_type: Literal["token", "full_reverse", "full_forward"] = "token"
+    """KL in the loss: token (kl_estimator on the sampled token) | full_reverse KL(pi||ref) | full_forward KL(ref||pi) over the vocabulary."""
+    kl_topk_tokens: int = 0
+    """full_*: restrict the exact sum to the top-k tokens plus a sampled tail correction (EMA-PG: 32); 0 = whole vocabulary."""
+    kl_topk_tail: bool = True
+    """Top-k KL: add the sampled-token tail correction that makes the estimate unbiased (false = truncated KL)."""
+    use_kl_iw: bool = False
+    """Top-k KL: importance-weight the sampled tail term by target/sampling probability ratio (EMA-PG: true)."""
+    kl_chunk_size: int = 512
+    """Sequence positions per chunk when computing vocabulary KL / entropy from logits (bounds memory)."""
+    kl_ctrl: Literal["fixed", "adaptive"] = "fixed"
+    """KL coefficient controller (in-reward KL): fixed | adaptive (Ziegler et al. 2019)."""
+    kl_target: float = 0.1
+    """Adaptive KL controller: target KL per sequence."""
+    kl_horizon: int = 10000
+    """Adaptive KL controller: horizon (samples) over which the coefficient adapts."""
+    # -- reference policy -------------------------------------------------------------------------
+    ref_policy: Literal["frozen", "ema"] = "frozen"
+    """Reference (anchor) policy of the KL: frozen initial weights | ema of the policy (EMA-PG)."""
+    ref_policy_ema_tau: float = 0.9
+    """EMA reference: ref <- tau * ref + (1 - tau) * policy (EMA-PG: 0.9)."""
+    ref_policy_ema_update_period: int = 10
+    """EMA reference: apply the EMA update every N training steps (EMA-PG: 10)."""
+
+    def validate(self, root: Any = None) -> None:
+        """Check registry names and numeric ranges; errors name the dotted key."""
+        from searchr1.algorithms import registry
+
+        registry.ensure_builtins()
+        for key, reg in (
+            ("advantage", registry.ADVANTAGE_ESTIMATORS),
+            ("policy_loss", registry.POLICY_LOSSES),
+            ("loss_agg", registry.LOSS_AGGREGATIONS),
+            ("kl_estimator", registry.KL_ESTIMATORS),
+        ):
+            name = getattr(self, key)
+            if name not in reg:
+                raise ValueError(
+                    f"algorithm.{key}: unknown {reg.kind} '{name}'; registered: {', '.join(reg.names())}"
+                )
+        checks = [
+            ("gamma", 0.0 <= self.gamma <= 1.0, "must be in [0, 1]"),
+            ("lam", 0.0 <= self.lam <= 1.0, "must be in [0, 1]"),
+            ("adv_eps", self.adv_eps >= 0.0, "must be >= 0"),
+            (
+                "reinforce_baseline_momentum",
+                0.0 <= self.reinforce_baseline_momentum < 1.0,
+                "must be in [0, 1)",
+            ),
+            ("loss_agg_norm_len", self.loss_agg_norm_len >= 0, "must be >= 0"),
+            ("clip_ratio_low", 0.0 <= self.clip_ratio_low < 1.0, "must be in [0, 1)"),
+            ("clip_ratio_high", self.clip_ratio_high >= 0.0, "must be >= 0"),
+            ("clip_ratio_c", self.clip_ratio_c == 0.0 or self.clip_ratio_c > 1.0, "must be 0 (off) or > 1"),
+            ("value_clip", self.value_clip >= 0.0, "must be >= 0"),
+            ("kl_coef", self.kl_coef >= 0.0, "must be >= 0"),
+            ("kl_topk_tokens", self.kl_topk_tokens >= 0, "must be >= 0"),
+            ("kl_chunk_size", self.kl_chunk_size >= 1, "must be >= 1"),
+            ("kl_target", self.kl_target > 0.0, "must be > 0"),
+            ("kl_horizon", self.kl_horizon >= 1, "must be >= 1"),
+            ("ref_policy_ema_tau", 0.0 <= self.ref_policy_ema_tau <= 1.0, "must be in [0, 1]"),
+            ("ref_policy_ema_update_period", self.ref_policy_ema_update_period >= 1, "must be >= 1"),
+        ]
+        for key, ok, why in checks:
+            if not ok:
+                raise ValueError(f"algorithm.{key}: {why}, got {getattr(self, key)!r}")
+        if self.use_kl_loss and self.use_kl_in_reward:
+            raise ValueError(
+                "algorithm.use_kl_loss and algorithm.use_kl_in_reward are both true: choose one place "
+                "for the KL penalty (loss = GRPO style, reward = PPO style)"
+            )
+        if self.kl_topk_tokens > 0 and self.kl_loss_type == "token":
+            raise ValueError(
+                "algorithm.kl_topk_tokens > 0 needs algorithm.kl_loss_type=full_reverse or full_forward"
+            )
+
+    @property
+    def uses_reference(self) -> bool:
+        """Whether a reference policy is needed at all (KL in the loss or the reward, with kl_coef > 0)."""
+        return (self.use_kl_loss or self.use_kl_in_reward) and self.kl_coef > 0.0

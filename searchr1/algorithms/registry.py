@@ -1,0 +1,103 @@
+"""Registries by name: a config string selects an estimator / loss, a user adds one with a decorator.
+
+    from searchr1.algorithms import register_advantage
+
+    @register_advantage("my_estimator")
+    def my_estimator(rewards, response_mask, *, config, group_ids=None, values=None, state=None):
+        ...
+        return advantages, returns
+
+Then ``algorithm.advantage=my_estimator`` selects it; the trainer never changes. The module holding
+the decorated function must be imported before the config is validated (e.g. in the user's script).
+This module imports no torch, so ``searchr1.config`` stays light.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Registry(dict[str, Callable[..., Any]]):
+    """A ``name -> function`` dict with a ``register`` decorator and errors that list the known names."""
+
+    def __init__(self, kind: str, config_key: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.config_key = config_key
+
+    def register(self, name: str, *aliases: str, override: bool = False) -> Callable[[F], F]:
+        """Decorator registering ``fn`` under ``name`` (and ``aliases``); refuses silent redefinition."""
+
+        def deco(fn: F) -> F:
+            for key in (name, *aliases):
+                if key in self and self[key] is not fn and not override:
+                    raise ValueError(
+                        f"{self.kind} '{key}' is already registered ({self[key].__module__}."
+                        f"{self[key].__qualname__}); pass override=True to replace it"
+                    )
+                self[key] = fn
+            return fn
+
+        return deco
+
+    def get(self, name: str) -> Callable[..., Any]:  # type: ignore[override]
+        """The function registered as ``name``; ``ValueError`` naming the config key if unknown."""
+        ensure_builtins()
+        try:
+            return self[name]
+        except KeyError:
+            raise ValueError(
+                f"{self.config_key}: unknown {self.kind} '{name}'; registered: {', '.join(self.names())}"
+            ) from None
+
+    def names(self) -> list[str]:
+        """Registered names, sorted."""
+        return sorted(self)
+
+
+ADVANTAGE_ESTIMATORS = Registry("advantage estimator", "algorithm.advantage")
+POLICY_LOSSES = Registry("policy loss", "algorithm.policy_loss")
+KL_ESTIMATORS = Registry("KL estimator", "algorithm.kl_estimator")
+LOSS_AGGREGATIONS = Registry("loss aggregation", "algorithm.loss_agg")
+
+register_advantage = ADVANTAGE_ESTIMATORS.register
+register_policy_loss = POLICY_LOSSES.register
+register_kl_estimator = KL_ESTIMATORS.register
+register_loss_agg = LOSS_AGGREGATIONS.register
+
+_BUILTIN_MODULES = (
+    "searchr1.algorithms.aggregation",
+    "searchr1.algorithms.advantages",
+    "searchr1.algorithms.policy_losses",
+    "searchr1.algorithms.kl",
+)
+
+
+def ensure_builtins() -> None:
+    """Import the modules that register the built-in functions (they import torch, hence lazily)."""
+    for module in _BUILTIN_MODULES:
+        importlib.import_module(module)
+
+
+def get_advantage_estimator(name: str) -> Callable[..., Any]:
+    """The advantage estimator registered as ``name``."""
+    return ADVANTAGE_ESTIMATORS.get(name)
+
+
+def get_policy_loss(name: str) -> Callable[..., Any]:
+    """The policy loss registered as ``name``."""
+    return POLICY_LOSSES.get(name)
+
+
+def get_kl_estimator(name: str) -> Callable[..., Any]:
+    """The per-token KL estimator registered as ``name``."""
+    return KL_ESTIMATORS.get(name)
+
+
+def get_loss_agg(name: str) -> Callable[..., Any]:
+    """The loss aggregation registered as ``name``."""
+    return LOSS_AGGREGATIONS.get(name)

@@ -1,0 +1,405 @@
+"""Per-token log-probabilities (and entropies) of a causal LM without full-vocabulary logits.
+
+The policy loss needs ``log p(x_t | x_<t)`` for every trained token. The textbook way computes
+``logits = lm_head(hidden)`` for the whole micro-batch ([B, T, V] float32: 4 GB for 8 x 4096 tokens
+at V = 32k) and then ``log_softmax`` + ``gather``. Here the decoder runs once, its final hidden
+states are gathered at the positions whose next token is wanted ([N, H]), and the LM head is applied
+``chunk_size`` rows at a time:
+
+    z_i   = W h_i / temperature                      (one chunk of rows, float32)
+    lp_i  = z_i[x_i] - logsumexp(z_i)                (log-prob of the observed next token)
+    ent_i = logsumexp(z_i) - sum_v softmax(z_i)_v z_iv   (entropy of the predictive distribution)
+
+A custom autograd function keeps only ``h``, ``W`` and one float per row (``logsumexp``) for the
+backward pass, which recomputes each chunk's logits and applies
+
+    d lp_i  / d z_i = onehot(x_i) - p_i
+    d ent_i / d z_i = -p_i * (z_i - sum_v p_iv z_iv)
+
+so neither pass ever holds more than one ``[chunk_size, V]`` block of logits (Liger-kernel style
+fused linear + cross-entropy, written in plain torch). Heads that are not a plain ``nn.Linear``
+(a LoRA-wrapped ``lm_head``, soft-capped or scaled logits) take a generic path that runs the head
+module per chunk under ``torch.utils.checkpoint``: the same memory bound, autograd does the rest.
+
+Alignment (the same for every function here): results are ``[B, T]`` like ``input_ids`` and
+``logprobs[b, t] = log p(input_ids[b, t] | input_ids[b, :t])``, computed from the hidden state at
+``t - 1``. Position 0 has no prefix and is 0. A position is *valid* (computed, otherwise 0) when it
+and its predecessor are real tokens (``attention_mask``) and, with ``position_ids``, it does not start
+a new sequence (``position_ids[b, t] != 0``): so packed rows (several sequences in one row with
+positions restarting at 0, see ``searchr1.trainer.batching``) never score a token from the previous
+sequence's context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+DEFAULT_CHUNK_SIZE = 1024
+"""Rows of the LM head computed at once: a ``[chunk_size, V]`` float32 block (128 MiB at V=32k)."""
+
+FLASH_IMPLEMENTATIONS = ("flash_attention_2", "flash_attention_3", "flash_attention")
+
+
+# ----------------------------------------------------------------------------------------------
+# Model anatomy: decoder (hidden states) and LM head, through peft wrappers.
+
+
+def unwrap_causal_lm(model: nn.Module) -> nn.Module:
+    """The Hugging Face causal LM inside ``model`` (a ``peft`` wrapper is looked through; its LoRA
+    layers live inside the wrapped model, so they stay active, and ``disable_adapter()`` still works)."""
+    get_base = getattr(model, "get_base_model", None)
+    if callable(get_base):  # peft.PeftModel
+        model = get_base()
+    return model
+
+
+def decoder_of(model: nn.Module) -> nn.Module:
+    """The decoder stack of a causal LM (``model.model`` for Qwen2/Llama, ``model.transformer``
+    for GPT-2): the module that returns the final, normed hidden states. A base model is returned
+    unchanged."""
+    lm = unwrap_causal_lm(model)
+    base = getattr(lm, "base_model", None)  # transformers: getattr(self, base_model_prefix, self)
+    return base if isinstance(base, nn.Module) else lm
+
+
+def lm_head_function(model: nn.Module) -> tuple[nn.Module, Callable[[torch.Tensor], torch.Tensor] | None]:
+    """The output embedding module and, when the logits are not just ``lm_head(h)``, the function
+    that computes them (logit scale of Cohere, final soft-capping of Gemma 2/3)."""
+    lm = unwrap_causal_lm(model)
+    head = lm.get_output_embeddings()
+    if head is None:
+        raise ValueError(f"{type(lm).__name__} has no output embeddings (not a causal LM?)")
+    config = getattr(lm, "config", None)
+    scale = getattr(config, "logit_scale", None)
+    cap = getattr(config, "final_logit_softcapping", None)
+    if scale is None and cap is None:
+        return head, None
+
+    def head_fn(h: torch.Tensor) -> torch.Tensor:
+        z = head(h)
+        if scale is not None:
+            z = z * scale
+        if cap is not None:
+            z = torch.tanh(z / cap) * cap
+        return z
+
+    return head, head_fn
+
+
+def attention_kwargs(
+    model: nn.Module, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None
+) -> dict[str, Any]:
+    """Keyword arguments for the decoder that keep packed sequences apart.
+
+    Rows are *packed* when ``position_ids`` restart at 0 inside a row. Then:
+      - flash-attention (GPU) reads the sequence boundaries from ``position_ids`` (varlen kernel):
+        we pass ``position_ids`` and no mask;
+      - sdpa / eager get an explicit block-diagonal causal 4D mask (boolean for sdpa, additive for
+        eager). Measured with transformers 5.23 on CPU: with a 2D mask (even all ones), or with a
+        KV cache (``use_cache`` defaults to True in most configs), packed ``position_ids`` only
+        change the rotary positions and a sequence attends to the ones before it in its row;
+        transformers infers the blocks itself only when the mask is None and there is no cache,
+        and 4.x never does. The explicit mask works on every version;
+      - other implementations get ``attention_mask=None`` and the ``position_ids`` (transformers
+        >= 5 builds the packed mask from them when ``use_cache=False``, which we always pass).
+    Padding tokens attend only to themselves (no fully masked row, hence no NaN in the backward).
+    """
+    if position_ids is None or not is_packed(position_ids):
+        return {"attention_mask": attention_mask, "position_ids": position_ids}
+    impl = str(getattr(getattr(unwrap_causal_lm(model), "config", None), "_attn_implementation", "sdpa"))
+    if impl in FLASH_IMPLEMENTATIONS or "flash" in impl:
+        return {"attention_mask": None, "position_ids": position_ids}
+    if impl not in ("sdpa", "eager"):
+        return {"attention_mask": None, "position_ids": position_ids}
+    allowed = packed_causal_mask(position_ids, attention_mask)[:, None]  # [B, 1, T, T]
+    if impl == "eager":
+        dtype = next(model.parameters()).dtype
+        additive = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+        allowed = additive.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return {"attention_mask": allowed, "position_ids": position_ids}
+
+
+def is_packed(position_ids: torch.Tensor) -> bool:
+    """True when some row holds more than one sequence (a position 0 after the first column)."""
+    return bool((position_ids[:, 1:] == 0).any())
+
+
+def segment_ids(position_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """``[B, T]`` sequence index inside each row (a new one starts where ``position_ids`` is 0);
+    padding tokens (``attention_mask == 0``) get a unique negative id each."""
+    starts = position_ids == 0
+    starts[:, 0] = True
+    seg = starts.long().cumsum(-1)
+    if attention_mask is not None:
+        pad = attention_mask == 0
+        unique = -1 - torch.arange(seg.numel(), device=seg.device).view_as(seg)
+        seg = torch.where(pad, unique, seg)
+    return seg
+
+
+def packed_causal_mask(
+    position_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``[B, T, T]`` boolean: query ``q`` may attend key ``k`` iff ``k <= q`` and both belong to the
+    same packed sequence."""
+    seg = segment_ids(position_ids, attention_mask)
+    t = seg.shape[1]
+    causal = torch.ones(t, t, dtype=torch.bool, device=seg.device).tril_()
+    return causal[None] & (seg[:, :, None] == seg[:, None, :])
+
+
+def valid_target_mask(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None
+) -> torch.Tensor:
+    """``[B, T]`` boolean: which positions get a log-prob (see the module docstring)."""
+    valid = torch.zeros_like(input_ids, dtype=torch.bool)
+    inner = torch.ones_like(input_ids[:, 1:], dtype=torch.bool)
+    if attention_mask is not None:
+        am = attention_mask.bool()
+        inner &= am[:, 1:] & am[:, :-1]
+    if position_ids is not None:
+        inner &= position_ids[:, 1:] != 0
+    valid[:, 1:] = inner
+    return valid
+
+
+def final_hidden_states(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    position_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``[B, T, H]`` last-layer hidden states (after the final norm) of the decoder of ``model``."""
+    out = decoder_of(model)(
+        input_ids=input_ids, use_cache=False, **attention_kwargs(model, attention_mask, position_ids)
+    )
+    return out[0] if isinstance(out, tuple) else out.last_hidden_state
+
+
+# ----------------------------------------------------------------------------------------------
+# Chunked LM head + log-softmax + gather.
+
+
+class _FusedLinearLogprob(torch.autograd.Function):
+    """``(h [N, H], W [V, H], b [V] | None, targets [N]) -> (logprob [N], entropy [N])``, chunked."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        targets: torch.Tensor,
+        temperature: float,
+        chunk_size: int,
+        with_entropy: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        n = hidden.shape[0]
+        logprob = hidden.new_empty(n, dtype=torch.float32)
+        entropy = hidden.new_zeros(n if with_entropy else 0, dtype=torch.float32)
+        lse = hidden.new_empty(n, dtype=torch.float32)
+        for s in range(0, n, chunk_size):
+            e = min(s + chunk_size, n)
+            z = _chunk_logits(hidden[s:e], weight, bias, temperature)
+            lse_c = torch.logsumexp(z, dim=-1)
+            lse[s:e] = lse_c
+            logprob[s:e] = z.gather(1, targets[s:e, None]).squeeze(1) - lse_c
+            if with_entropy:
+                p = torch.exp(z - lse_c[:, None])
+                entropy[s:e] = lse_c - (p * z).sum(-1)
+        ctx.save_for_backward(hidden, weight, bias, targets, lse)
+        ctx.temperature, ctx.chunk_size, ctx.with_entropy = temperature, chunk_size, with_entropy
+        return logprob, entropy
+
+    @staticmethod
+    def backward(ctx: Any, grad_logprob: torch.Tensor | None, grad_entropy: torch.Tensor | None):  # type: ignore[override]
+        hidden, weight, bias, targets, lse = ctx.saved_tensors
+        temperature, chunk_size = ctx.temperature, ctx.chunk_size
+        use_entropy = ctx.with_entropy and grad_entropy is not None
+        need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+        n = hidden.shape[0]
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        grad_b = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if need_b else None
+        for s in range(0, n, chunk_size):
+            e = min(s + chunk_size, n)
+            h = hidden[s:e]
+            z = _chunk_logits(h, weight, bias, temperature)
+            p = torch.exp_(z - lse[s:e, None])  # softmax; z is still needed for the entropy term
+            g = torch.zeros_like(z)
+            if grad_logprob is not None:
+                g_lp = grad_logprob[s:e, None]
+                g.sub_(p * g_lp).scatter_add_(1, targets[s:e, None], g_lp)
+            if use_entropy:
+                mean_z = (p * z).sum(-1, keepdim=True)
+                g.sub_(p * (z - mean_z) * grad_entropy[s:e, None])
+            del z, p
+            g.div_(temperature)
+            g_low = g.to(hidden.dtype)
+            if need_h:
+                grad_h[s:e] = g_low @ weight
+            if need_w:  # accumulated in float32 across chunks
+                grad_w.add_((g_low.t() @ h).float())
+            if need_b:
+                grad_b.add_(g.sum(0))
+        return (
+            grad_h,
+            grad_w.to(weight.dtype) if need_w else None,
+            grad_b.to(bias.dtype) if need_b else None,
+            None,
+            None,
+            None,
+            None,
+        )
+
+
+def _chunk_logits(
+    h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float
+) -> torch.Tensor:
+    z = F.linear(h, weight, bias).float()
+    if temperature != 1.0:
+        z = z / temperature
+    return z
+
+
+def _checkpointed_chunk(
+    head_fn: Callable[[torch.Tensor], torch.Tensor],
+    h: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    with_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    z = head_fn(h).float() / temperature
+    logp = torch.log_softmax(z, dim=-1)
+    lp = logp.gather(1, targets[:, None]).squeeze(1)
+    ent = -(logp.exp() * logp).sum(-1) if with_entropy else lp.new_zeros(0)
+    return lp, ent
+
+
+def chunked_head_logprobs(
+    hidden: torch.Tensor,
+    head: nn.Module,
+    targets: torch.Tensor,
+    *,
+    head_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    temperature: float = 1.0,
+    return_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-prob of ``targets [N]`` under ``head(hidden [N, H])`` (and entropy), chunk by chunk.
+
+    A plain ``nn.Linear`` head without ``head_fn`` takes the fused autograd function; anything else
+    runs ``head_fn`` (default: the head module) per chunk under ``torch.utils.checkpoint``.
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if hidden.shape[0] == 0:
+        empty = hidden.new_zeros(0, dtype=torch.float32)
+        return empty, (empty if return_entropy else None)
+    if head_fn is None and type(head) is nn.Linear:
+        lp, ent = _FusedLinearLogprob.apply(
+            hidden, head.weight, head.bias, targets, float(temperature), int(chunk_size), return_entropy
+        )
+        return lp, (ent if return_entropy else None)
+    fn = head_fn or head
+    lps, ents = [], []
+    grad = torch.is_grad_enabled() and (
+        hidden.requires_grad or any(p.requires_grad for p in head.parameters())
+    )
+    for s in range(0, hidden.shape[0], chunk_size):
+        args = (
+            fn,
+            hidden[s : s + chunk_size],
+            targets[s : s + chunk_size],
+            float(temperature),
+            return_entropy,
+        )
+        if grad:
+            lp, ent = checkpoint(_checkpointed_chunk, *args, use_reentrant=False)
+        else:
+            lp, ent = _checkpointed_chunk(*args)
+        lps.append(lp)
+        ents.append(ent)
+    return torch.cat(lps), (torch.cat(ents) if return_entropy else None)
+
+
+def token_logprobs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    position_ids: torch.Tensor | None = None,
+    *,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    temperature: float = 1.0,
+    return_entropy: bool = False,
+    target_mask: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """``[B, T]`` float32 log-probs of each token given its prefix (``[:, 0]`` and invalid positions
+    are 0; see the module docstring), and with ``return_entropy`` the ``[B, T]`` entropies of the
+    same predictive distributions. Differentiable with respect to the model's parameters.
+
+    ``attention_mask`` is the 2D padding mask (1 = real token). ``position_ids`` restarting at 0
+    inside a row mark packed sequences. ``temperature`` divides the logits (match the sampler's).
+    ``target_mask`` (``[B, T]`` bool) restricts the computation further, e.g. to the generated
+    tokens: the LM head then runs only there (prompt tokens are free).
+    """
+    hidden = final_hidden_states(model, input_ids, attention_mask, position_ids)
+    valid = valid_target_mask(input_ids, attention_mask, position_ids)
+    if target_mask is not None:
+        valid &= target_mask.bool()
+    # hidden[t - 1] predicts input_ids[t]
+    rows = hidden[:, :-1][valid[:, 1:]]
+    targets = input_ids[:, 1:][valid[:, 1:]]
+    head, head_fn = lm_head_function(model)
+    lp, ent = chunked_head_logprobs(
+        rows,
+        head,
+        targets,
+        head_fn=head_fn,
+        chunk_size=chunk_size,
+        temperature=temperature,
+        return_entropy=return_entropy,
+    )
+    out = _scatter_rows(lp, valid)
+    if return_entropy:
+        assert ent is not None
+        return out, _scatter_rows(ent, valid)
+    return out
+
+
+def _scatter_rows(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    out = values.new_zeros(valid.shape)
+    return out.masked_scatter(valid, values)
+
+
+def naive_token_logprobs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    position_ids: torch.Tensor | None = None,
+    *,
+    temperature: float = 1.0,
+    return_entropy: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Reference implementation: full ``[B, T, V]`` logits from ``model(...)``, float32
+    ``log_softmax``, ``gather``. Same alignment and zeros as ``token_logprobs``; used by the tests
+    and as the baseline of ``searchr1 bench update``."""
+    logits = model(
+        input_ids=input_ids, use_cache=False, **attention_kwargs(model, attention_mask, position_ids)
+    ).logits
+    logp = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
+    valid = valid_target_mask(input_ids, attention_mask, position_ids)
+    lp = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    out = F.pad(lp, (1, 0)) * valid
+    if return_entropy:
+        ent = -(logp.exp() * logp).sum(-1)
+        return out, F.pad(ent, (1, 0)) * valid
+    return out

@@ -3,17 +3,63 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass
 class RolloutConfig:
+    engine: str = "hf"
+    """Generation engine: hf (KV-cached, async search) | turn_sync (reference: re-encodes every turn)."""
     n: int = 5
     """Trajectories sampled per prompt (the GRPO group size)."""
     max_turns: int = 4
-    """Search turns before the final answer-only generation."""
+    """Turns in which a search is executed; one more answer-only turn follows (Search-R1's max_turns)."""
     max_turn_tokens: int = 500
-    """Tokens generated per turn at most."""
+    """Tokens generated per turn at most (a turn ends at </search>, </answer>, EOS or this limit)."""
     max_obs_tokens: int = 500
     """Tokens of one <information> block at most (longer ones are truncated and counted)."""
+    max_response_tokens: int = 4096
+    """Tokens after the prompt (generated + observations) at most; beyond it the trajectory is truncated."""
+    max_context: int = 0
+    """Prompt + response tokens at most; 0 = the model's max_position_embeddings."""
     temperature: float = 1.0
-    """Sampling temperature for training rollouts (validation is greedy)."""
+    """Sampling temperature of training rollouts (stored log-probs are always at temperature 1)."""
+    top_p: float = 1.0
+    """Nucleus sampling: keep the smallest set of tokens with this much probability (1.0 = off)."""
+    top_k: int = 0
+    """Sample among the k most likely tokens only (0 = off)."""
+    val_greedy: bool = True
+    """Validation and evaluation decode greedily (False: they sample like training)."""
+    invalid_action_message: bool = True
+    """Append Search-R1's invalid-action message after a turn that neither searched nor answered."""
+    eos_ends_trajectory: bool = False
+    """EOS without an action ends the trajectory (False: Search-R1's rule, it is an invalid turn)."""
+    max_query_chars: int = 512
+    """Longer search queries are cut to this many characters before they reach the backend."""
+    search_timeout_s: float = 30.0
+    """Seconds one search attempt may take before it counts as failed."""
+    search_retries: int = 2
+    """Extra attempts after a failed or timed-out search; then the observation says the search failed."""
+    search_workers: int = 8
+    """Threads that run searches while the HF engine keeps decoding other rows."""
+    max_batch_rows: int = 64
+    """Rows decoded together; further prompts take the slots of finished rows (continuous batching)."""
+
+    def validate(self, root: Any) -> None:
+        if self.engine not in ("hf", "turn_sync"):
+            raise ValueError(f"rollout.engine: expected hf | turn_sync, got {self.engine!r}")
+        positive = ("n", "max_turn_tokens", "max_obs_tokens", "max_response_tokens", "max_query_chars")
+        for name in (*positive, "search_workers", "max_batch_rows"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"rollout.{name}: must be >= 1, got {getattr(self, name)}")
+        for name in ("max_turns", "max_context", "search_retries", "top_k"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"rollout.{name}: must be >= 0, got {getattr(self, name)}")
+        if not self.temperature > 0:
+            raise ValueError(
+                f"rollout.temperature: must be > 0 (use greedy decoding instead), got {self.temperature}"
+            )
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"rollout.top_p: must be in (0, 1], got {self.top_p}")
+        if not self.search_timeout_s > 0:
+            raise ValueError(f"rollout.search_timeout_s: must be > 0, got {self.search_timeout_s}")

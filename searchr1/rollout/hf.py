@@ -1,0 +1,311 @@
+"""Hugging Face transformers engines: our own batched decoding loop over ``KVBatch``.
+
+``HFRolloutEngine`` — the fast one. One KV cache for the whole batch, kept across turns: after a
+turn, only the new tokens (the turn's last token and the observation) are fed, in one forward
+pass, never the whole context. Every row is its own state machine (``Episode``): when a row closes
+``</search>``, its query goes to a thread pool and the other rows keep decoding; the row rejoins
+as soon as its hits arrive. When a row finishes, the next prompt takes its slot (continuous
+batching), and the cache is compacted when holes (idle columns) dominate it.
+
+``TurnSyncRolloutEngine`` — the reference (Search-R1's original loop): every row generates a turn,
+then every row's search runs as one batch, then the whole context of every row is re-encoded
+from scratch. It shares the episode logic, the sampler and the per-row seeds with the fast engine,
+so with the same search results both produce the same token ids; it is the correctness oracle
+and the benchmark baseline.
+
+Both engines store log-probs at temperature 1 (see ``searchr1.rollout.sampling``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from searchr1.retrieval.base import Retriever
+from searchr1.rollout.actions import StopDetector, eos_token_ids
+from searchr1.rollout.config import RolloutConfig
+from searchr1.rollout.engine import RolloutEngine
+from searchr1.rollout.episode import Episode, EpisodeContext
+from searchr1.rollout.kv import KVBatch
+from searchr1.rollout.sampling import SamplingParams, row_generators, sample_tokens
+from searchr1.rollout.search import SearchJob, SearchRunner
+from searchr1.rollout.steer import Steer, SteerRow
+from searchr1.rollout.types import Trajectory
+
+
+class _HFEngineBase(RolloutEngine):
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        retriever: Retriever,
+        config: RolloutConfig | None = None,
+        *,
+        topk: int = 3,
+        steer: Steer | None = None,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.retriever = retriever
+        self.config = config or RolloutConfig()
+        self.topk = topk
+        self.steer = steer
+        self.stop = StopDetector(tokenizer, eos_token_ids(tokenizer, model))
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.pad_id = int(pad)
+        self.runner = SearchRunner(
+            retriever,
+            topk=topk,
+            timeout_s=self.config.search_timeout_s,
+            retries=self.config.search_retries,
+            workers=self.config.search_workers,
+        )
+        self.last_stats: dict[str, float] = {}
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def max_context(self) -> int:
+        if self.config.max_context:
+            return self.config.max_context
+        return int(getattr(self.model.config, "max_position_embeddings", 0) or 2**31 - 1)
+
+    def close(self) -> None:
+        self.runner.close()
+
+    def update_weights(self, state_dict: Mapping[str, Any] | None = None) -> None:
+        """The HF engines decode with the trainer's own model object: nothing to copy.
+
+        A ``state_dict`` (from a separate trainer copy) is loaded into the engine's model.
+        """
+        if state_dict is not None:
+            self.model.load_state_dict(dict(state_dict), strict=False)
+
+    def _prepare(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        metas: Sequence[Mapping[str, Any]] | None,
+        sampling: SamplingParams | None,
+    ) -> tuple[list[list[int]], list[dict[str, Any]], SamplingParams, EpisodeContext]:
+        prompts = [list(map(int, p)) for p in prompt_ids]
+        if metas is None:
+            metas = [{} for _ in prompts]
+        if len(metas) != len(prompts):
+            raise ValueError(f"generate: {len(prompts)} prompts but {len(metas)} metas")
+        for i, p in enumerate(prompts):
+            if not p:
+                raise ValueError(f"generate: prompt {i} is empty")
+        sampling = sampling or SamplingParams.from_config(self.config)
+        turn_limit = sampling.max_turn_tokens or self.config.max_turn_tokens
+        ctx = EpisodeContext(self.tokenizer, self.config, self.stop, turn_limit, self.max_context())
+        return prompts, [dict(m) for m in metas], sampling, ctx
+
+    def _choose(
+        self,
+        episodes: list[Episode],
+        logits: torch.Tensor,
+        sampling: SamplingParams,
+        generators: list[torch.Generator],
+    ) -> tuple[list[int], list[float]]:
+        """Sample one token per episode; the stored log-prob is the model's own, at temperature 1."""
+        logits = logits.float()
+        logp = torch.log_softmax(logits, dim=-1)
+        if self.steer is not None:
+            rows = [SteerRow(ep.index, ep.traj.meta, ep.traj.turns, ep.turn_ids) for ep in episodes]
+            logits = self.steer(rows, logits)
+        tokens = sample_tokens(logits, sampling, [generators[ep.index] for ep in episodes])
+        chosen = logp.gather(1, tokens[:, None]).squeeze(1)
+        return tokens.tolist(), chosen.tolist()
+
+    def _deliver(self, job: SearchJob, episodes: list[Episode | None]) -> None:
+        for k, i in enumerate(job.owners):
+            ep = episodes[i]
+            assert ep is not None
+            hits = job.result[k] if job.result is not None else None
+            ep.receive(hits, job.error, wait_s=job.elapsed)
+
+    def _generate_with_mode(self, fn: Any, *args: Any, **kwargs: Any) -> list[Trajectory]:
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                return fn(*args, **kwargs)
+        finally:
+            self.model.train(was_training)
+
+
+class HFRolloutEngine(_HFEngineBase):
+    """KV cache kept across turns, asynchronous search, continuous batching (module docstring)."""
+
+    def generate(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        metas: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        sampling: SamplingParams | None = None,
+        seed: int | None = None,
+    ) -> list[Trajectory]:
+        return self._generate_with_mode(self._generate, prompt_ids, metas, sampling, seed)
+
+    def _generate(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        metas: Sequence[Mapping[str, Any]] | None,
+        sampling: SamplingParams | None,
+        seed: int | None,
+    ) -> list[Trajectory]:
+        prompts, metas, sampling, ctx = self._prepare(prompt_ids, metas, sampling)
+        n = len(prompts)
+        if n == 0:
+            return []
+        t0 = time.perf_counter()
+        generators = row_generators(seed, n, self.device)
+        episodes: list[Episode | None] = [None] * n
+        queue = deque(range(n))
+        kv = KVBatch(self.model, min(self.config.max_batch_rows, n), self.pad_id)
+        slot_episode: list[int | None] = [None] * kv.n_slots
+        waiting: set[int] = set()
+        jobs: list[SearchJob] = []
+        steps = compactions = 0
+
+        def live(slot: int) -> Episode | None:
+            i = slot_episode[slot]
+            ep = episodes[i] if i is not None else None
+            return ep if ep is not None and not ep.done else None
+
+        while True:
+            # 1. admit queued prompts into free slots
+            for slot in range(kv.n_slots):
+                while queue and live(slot) is None:
+                    i = queue.popleft()
+                    episodes[i] = Episode.start(i, prompts[i], metas[i], ctx)
+                    if not episodes[i].done:  # type: ignore[union-attr]
+                        kv.reset_slot(slot)
+                        slot_episode[slot] = i
+            # 2. collect finished searches: those rows rejoin
+            for job in [j for j in jobs if j.poll()]:
+                jobs.remove(job)
+                self._deliver(job, episodes)
+                waiting.difference_update(job.owners)
+            # 3. one forward step over every row that has tokens to feed
+            feeds: dict[int, list[int]] = {}
+            for slot in range(kv.n_slots):
+                ep = live(slot)
+                if ep is not None and ep.index not in waiting:
+                    feeds[slot] = ep.tokens_from(kv.n_real[slot])
+            if not feeds:
+                if jobs:
+                    self.runner.wait_any(jobs)
+                    continue
+                if queue:
+                    continue
+                break
+            logits = kv.step(feeds)
+            steps += 1
+            stepped = [episodes[slot_episode[s]] for s in sorted(feeds)]  # type: ignore[index]
+            tokens, logprobs = self._choose(stepped, logits, sampling, generators)  # type: ignore[arg-type]
+            searching: list[Episode] = []
+            queries: list[str] = []
+            for ep, tok, lp in zip(stepped, tokens, logprobs, strict=True):
+                assert ep is not None
+                if ep.add_token(tok, lp):
+                    end = ep.end_turn()
+                    if end.kind == "search":
+                        searching.append(ep)
+                        queries.append(end.query)
+            if searching:
+                owners = [ep.index for ep in searching]
+                jobs.append(self.runner.submit(queries, owners))
+                waiting.update(owners)
+            # 4. keep the cache small: drop finished slots once nothing is queued, squeeze out holes
+            slots_live = [s for s in range(kv.n_slots) if live(s) is not None]
+            shrink = not queue and len(slots_live) <= kv.n_slots // 2
+            if kv.can_compact() and (shrink or kv.waste() > max(64, max(kv.n_real))):
+                keep = slots_live if not queue else list(range(kv.n_slots))
+                if keep:
+                    kv.compact(keep)
+                    slot_episode = [slot_episode[s] for s in keep]
+                    compactions += 1
+        self.last_stats = {
+            "wall_s": time.perf_counter() - t0,
+            "forward_calls": float(kv.forward_calls),
+            "fed_tokens": float(kv.fed_tokens),
+            "decode_steps": float(steps),
+            "compactions": float(compactions),
+            "peak_kv_cache_bytes": float(kv.peak_cache_bytes),
+        }
+        return [ep.finalize(t0) for ep in episodes if ep is not None]
+
+
+class TurnSyncRolloutEngine(_HFEngineBase):
+    """Reference: generate a turn for every row, search for every row, re-encode everything."""
+
+    def generate(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        metas: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        sampling: SamplingParams | None = None,
+        seed: int | None = None,
+    ) -> list[Trajectory]:
+        return self._generate_with_mode(self._generate, prompt_ids, metas, sampling, seed)
+
+    def _generate(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        metas: Sequence[Mapping[str, Any]] | None,
+        sampling: SamplingParams | None,
+        seed: int | None,
+    ) -> list[Trajectory]:
+        prompts, metas, sampling, ctx = self._prepare(prompt_ids, metas, sampling)
+        n = len(prompts)
+        t0 = time.perf_counter()
+        generators = row_generators(seed, n, self.device)
+        episodes: list[Episode | None] = [Episode.start(i, prompts[i], metas[i], ctx) for i in range(n)]
+        forward_calls = fed_tokens = 0
+        peak_cache = 0
+        rows = self.config.max_batch_rows
+        for start in range(0, n, rows):
+            group = [ep for ep in episodes[start : start + rows] if ep is not None]
+            while True:
+                active = [ep for ep in group if not ep.done]
+                if not active:
+                    break
+                # one turn for every active row, from a fresh cache over the whole context
+                kv = KVBatch(self.model, len(active), self.pad_id)
+                feeds = {k: ep.context_ids for k, ep in enumerate(active)}
+                ended: set[int] = set()
+                while feeds:
+                    logits = kv.step(feeds)
+                    order = sorted(feeds)
+                    tokens, logprobs = self._choose([active[k] for k in order], logits, sampling, generators)
+                    feeds = {}
+                    for k, tok, lp in zip(order, tokens, logprobs, strict=True):
+                        if active[k].add_token(tok, lp):
+                            ended.add(k)
+                        else:
+                            feeds[k] = [tok]
+                forward_calls += kv.forward_calls
+                fed_tokens += kv.fed_tokens
+                peak_cache = max(peak_cache, kv.peak_cache_bytes)
+                del kv
+                # the turn barrier: every row's action, then one batched search for all of them
+                searching = [ep for ep in active if ep.end_turn().kind == "search"]
+                if searching:
+                    job = self.runner.submit(
+                        [ep.traj.queries[-1] for ep in searching], [ep.index for ep in searching]
+                    )
+                    job.wait()
+                    self._deliver(job, episodes)
+        self.last_stats = {
+            "wall_s": time.perf_counter() - t0,
+            "forward_calls": float(forward_calls),
+            "fed_tokens": float(fed_tokens),
+            "peak_kv_cache_bytes": float(peak_cache),
+        }
+        return [ep.finalize(t0) for ep in episodes if ep is not None]

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+WEB_BACKENDS = ("serpapi", "google", "serper", "brave", "bing")
+LOCAL_BACKENDS = ("bm25", "dense", "hybrid", "rerank", "http")
 
 
 @dataclass
@@ -11,9 +14,86 @@ class RetrievalConfig:
     """Search backend by name: bm25 | dense | hybrid | rerank | http | serpapi | google | serper | brave | bing."""
     index: str | None = None
     """Index folder written by `searchr1 index build` (bm25 / dense)."""
+    corpus: str | None = None
+    """Corpus jsonl indexed in memory by bm25 when no `index` is given (small corpora); with an index, checked against its manifest."""
     url: str | None = None
     """Retrieval server URL(s) for backend=http, comma-separated for round-robin."""
     topk: int = 3
     """Documents returned per query."""
     cache_size: int = 0
     """LRU cache entries for repeated queries (0 = off)."""
+
+    bm25_k1: float = 1.5
+    """BM25 term-frequency saturation k1 (used when building an index)."""
+    bm25_b: float = 0.75
+    """BM25 length normalisation b (used when building an index)."""
+    bm25_method: str = "lucene"
+    """BM25 variant: lucene | robertson | atire | bm25l | bm25+."""
+    bm25_stemmer: str | None = "english"
+    """PyStemmer language for BM25 tokens (null: no stemming)."""
+    bm25_stopwords: str | None = "en"
+    """Stop-word list removed from BM25 tokens (en, de, fr, ...; null: keep all)."""
+
+    dense_model: str | None = None
+    """Sentence-transformers encoder: local folder or hub id (null: the bundled all-MiniLM-L6-v2)."""
+    dense_index_type: str = "flat"
+    """FAISS index built by `index build --retriever dense`: flat | hnsw | ivf."""
+    dense_nprobe: int = 16
+    """IVF lists visited per query (recall vs speed)."""
+    dense_ef_search: int = 64
+    """HNSW candidate-list size at query time (recall vs speed)."""
+    dense_batch_size: int = 64
+    """Encoder batch size for queries and passages."""
+    dense_device: str | None = None
+    """Torch device for the encoder (null: cuda when available, else cpu)."""
+
+    hybrid_indexes: list[str] = field(default_factory=list)
+    """backend=hybrid: the two index folders whose rankings are fused (e.g. a bm25 and a dense index)."""
+    rrf_k: int = 60
+    """Reciprocal-rank-fusion constant k in 1/(k + rank)."""
+    candidates: int = 20
+    """Candidates fetched from each underlying backend by hybrid and rerank before cutting to topk."""
+    rerank_base: str = "bm25"
+    """backend=rerank: the backend whose top `candidates` are reordered (built from this same section)."""
+    rerank_model: str | None = None
+    """Cross-encoder (sentence-transformers CrossEncoder) folder or hub id for backend=rerank."""
+
+    web_base_url: str | None = None
+    """Override the web-search API's base URL (a proxy, or a local test server)."""
+    web_max_concurrency: int = 4
+    """Parallel requests a web backend sends for one batch of queries."""
+
+    timeout_s: float = 10.0
+    """HTTP timeout per request (backend=http and web APIs)."""
+    retries: int = 3
+    """Retries after a failed request (5xx, 429, connection error, timeout) before SearchError."""
+    backoff_s: float = 0.5
+    """First retry delay; doubles on each retry."""
+    api_key: str | None = None
+    """Bearer token sent to the retrieval server (null: env SEARCHR1_API_KEY)."""
+
+    def validate(self, root: object) -> None:
+        known = (*LOCAL_BACKENDS, *WEB_BACKENDS)
+        if self.backend not in known:
+            from searchr1.retrieval.base import RETRIEVERS
+
+            if self.backend not in RETRIEVERS:
+                raise ValueError(
+                    f"retrieval.backend: unknown backend {self.backend!r}; known: {', '.join(known)}"
+                )
+        if self.topk < 1:
+            raise ValueError("retrieval.topk must be >= 1")
+        if self.cache_size < 0:
+            raise ValueError("retrieval.cache_size must be >= 0")
+        if self.dense_index_type not in ("flat", "hnsw", "ivf"):
+            raise ValueError("retrieval.dense_index_type must be one of flat, hnsw, ivf")
+        if self.backend == "hybrid" and len(self.hybrid_indexes) != 2:
+            raise ValueError(
+                "retrieval.hybrid_indexes must name exactly two index folders for backend=hybrid"
+            )
+        if self.backend == "http" and not self.url:
+            raise ValueError("retrieval.url is required for backend=http")
+        if self.backend == "rerank" and self.rerank_base == "rerank":
+            raise ValueError("retrieval.rerank_base cannot be 'rerank'")
+        if self.retries < 0 or self.timeout_s <= 0 or self.backoff_s < 0:
+            raise ValueError("retrieval.retries/backoff_s must be >= 0 and retrieval.timeout_s > 0")

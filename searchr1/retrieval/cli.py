@@ -1,0 +1,248 @@
+"""``searchr1 index build``, ``searchr1 search``, ``searchr1 serve``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+EXAMPLES_INDEX = """examples:
+  searchr1 index build --retriever bm25 --corpus wiki-18.jsonl --out indexes/wiki-bm25
+  searchr1 index build --retriever dense --corpus wiki-18.jsonl --out indexes/wiki-dense --index-type hnsw
+  searchr1 index build --retriever bm25 --corpus long.jsonl --out idx --chunk-size 100 --overlap 20
+"""
+
+EXAMPLES_SEARCH = """examples:
+  searchr1 search --index indexes/wiki-bm25 "who founded Acme" "where is Borvik"
+  searchr1 search --corpus small.jsonl --topk 5 "query"            (BM25 in memory, no index)
+  searchr1 search --url http://127.0.0.1:8000 --json "query"        (ask a running server)
+  searchr1 search --set retrieval.backend=hybrid --set retrieval.hybrid_indexes=[idx-bm25,idx-dense] "q"
+"""
+
+EXAMPLES_SERVE = """examples:
+  searchr1 serve --index indexes/wiki-bm25 --port 8000
+  SEARCHR1_API_KEY=secret searchr1 serve --index idx --host 0.0.0.0
+  curl -s localhost:8000/retrieve -H 'content-type: application/json' \\
+       -d '{"queries": ["who founded Acme"], "topk": 3, "return_scores": true}'
+"""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    fmt = argparse.RawDescriptionHelpFormatter
+    p_index = sub.add_parser("index", help="build search indexes", description="Build search indexes.")
+    index_sub = p_index.add_subparsers(dest="index_command", metavar="SUBCOMMAND")
+    b = index_sub.add_parser(
+        "build",
+        help="index a jsonl corpus (bm25 or dense) into a folder with a manifest",
+        description="Read a jsonl corpus ({id, contents} or {id, title, text}) and write an index folder "
+        "(manifest.json with retriever, model, corpus checksum, document count, creation time).",
+        epilog=EXAMPLES_INDEX,
+        formatter_class=fmt,
+    )
+    b.add_argument("--retriever", choices=["bm25", "dense"], default="bm25", help="index kind (default bm25)")
+    b.add_argument("--corpus", required=True, help="corpus jsonl file")
+    b.add_argument("--out", required=True, help="index folder to write")
+    b.add_argument("--chunk-size", type=int, default=None, help="split documents into passages of N words")
+    b.add_argument(
+        "--overlap", type=int, default=0, help="words shared by consecutive passages (with --chunk-size)"
+    )
+    b.add_argument(
+        "--skip-bad-lines", action="store_true", help="skip and count malformed lines instead of failing"
+    )
+    g = b.add_argument_group("bm25")
+    g.add_argument("--k1", type=float, default=1.5, help="term-frequency saturation (default 1.5)")
+    g.add_argument("--b", type=float, default=0.75, help="length normalisation (default 0.75)")
+    g.add_argument(
+        "--method", default="lucene", help="lucene | robertson | atire | bm25l | bm25+ (default lucene)"
+    )
+    g.add_argument("--stemmer", default="english", help="PyStemmer language, or 'none' (default english)")
+    g.add_argument("--stopwords", default="en", help="stop-word list (en, de, ...), or 'none' (default en)")
+    g = b.add_argument_group("dense")
+    g.add_argument(
+        "--model",
+        default=None,
+        help="sentence-transformers folder or hub id (default: bundled all-MiniLM-L6-v2)",
+    )
+    g.add_argument(
+        "--index-type", choices=["flat", "hnsw", "ivf"], default="flat", help="FAISS index (default flat)"
+    )
+    g.add_argument("--batch-size", type=int, default=64, help="encoder batch size (default 64)")
+    g.add_argument("--device", default=None, help="torch device (default: cuda if available)")
+    b.set_defaults(func=_index_build)
+    p_index.set_defaults(func=lambda args: (p_index.print_help(), 2)[1])
+
+    s = sub.add_parser(
+        "search",
+        help="search an index, a corpus, a server or a web API and print ranked hits",
+        description="Print the ranked hits of each query.",
+        epilog=EXAMPLES_SEARCH,
+        formatter_class=fmt,
+    )
+    s.add_argument("queries", nargs="+", help="one or more queries")
+    _add_backend_args(s)
+    s.add_argument("--json", action="store_true", help="print JSON (one list of hits per query)")
+    s.set_defaults(func=_search)
+
+    v = sub.add_parser(
+        "serve",
+        help="serve a retriever over HTTP (Search-R1 /retrieve API)",
+        description="FastAPI + uvicorn server: POST /retrieve, GET /health, OpenAPI docs at /docs. "
+        "Binds 127.0.0.1 unless --host says otherwise.",
+        epilog=EXAMPLES_SERVE,
+        formatter_class=fmt,
+    )
+    _add_backend_args(v)
+    v.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    v.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    v.add_argument(
+        "--api-key", default=None, help="require 'Authorization: Bearer KEY' (default: env SEARCHR1_API_KEY)"
+    )
+    v.add_argument(
+        "--max-queries", type=int, default=1024, help="queries per request (default 1024; more: 413)"
+    )
+    v.add_argument("--max-topk", type=int, default=100, help="largest topk (default 100; more: 422)")
+    v.add_argument(
+        "--max-query-chars", type=int, default=4096, help="characters per query (default 4096; more: 413)"
+    )
+    v.set_defaults(func=_serve)
+
+
+def _add_backend_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--index", default=None, help="index folder (from `searchr1 index build`)")
+    p.add_argument(
+        "--corpus",
+        default=None,
+        help="corpus jsonl: checked against the index manifest, or indexed in memory (bm25) without --index",
+    )
+    p.add_argument("--model", default=None, help="dense encoder; must match the index manifest")
+    p.add_argument("--url", default=None, help="retrieval server URL(s), comma-separated (backend http)")
+    p.add_argument("--backend", default=None, help="backend name (default: from the index / bm25)")
+    p.add_argument("--topk", type=int, default=None, help="hits per query (default 3)")
+    p.add_argument("--config", default=None, help="YAML config; its `retrieval` section is used")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override, e.g. retrieval.cache_size=1000",
+    )
+
+
+def _retriever_from_args(args: argparse.Namespace):
+    from searchr1.cli import UserFacingError
+    from searchr1.config import ConfigError, load_config
+
+    overrides = list(args.set)
+    if args.index:
+        overrides.append(f"retrieval.index={args.index}")
+    if args.corpus:
+        overrides.append(f"retrieval.corpus={args.corpus}")
+    if args.model:
+        overrides.append(f"retrieval.dense_model={args.model}")
+    if args.url:
+        overrides.append(f"retrieval.url={args.url}")
+    if args.topk is not None:
+        overrides.append(f"retrieval.topk={args.topk}")
+    backend = args.backend
+    if backend is None and args.url and not args.index:
+        backend = "http"
+    if backend is None and args.index and not any(o.startswith("retrieval.backend=") for o in args.set):
+        from searchr1.retrieval.index import IndexLoadError, Manifest
+
+        try:
+            backend = Manifest.read(args.index).retriever
+        except IndexLoadError as exc:
+            raise UserFacingError(str(exc)) from None
+    if backend:
+        overrides.append(f"retrieval.backend={backend}")
+    try:
+        cfg = load_config(args.config, overrides).retrieval
+    except ConfigError as exc:
+        raise UserFacingError(str(exc)) from None
+    from searchr1.retrieval.corpus import CorpusError
+    from searchr1.retrieval.factory import build_retriever
+
+    try:
+        return build_retriever(cfg), cfg
+    except (ValueError, CorpusError) as exc:
+        raise UserFacingError(str(exc)) from None
+
+
+def _index_build(args: argparse.Namespace) -> int:
+    from searchr1.cli import UserFacingError
+    from searchr1.retrieval.index import build_index
+
+    none = lambda v: None if v in (None, "none", "None", "") else v  # noqa: E731
+    try:
+        m = build_index(
+            args.corpus,
+            args.out,
+            retriever=args.retriever,
+            chunk_size=args.chunk_size,
+            overlap=args.overlap,
+            skip_bad_lines=args.skip_bad_lines,
+            bm25={
+                "k1": args.k1,
+                "b": args.b,
+                "method": args.method,
+                "stemmer": none(args.stemmer),
+                "stopwords": none(args.stopwords),
+            },
+            model=args.model,
+            index_type=args.index_type,
+            batch_size=args.batch_size,
+            device=args.device,
+        )
+    except ValueError as exc:
+        raise UserFacingError(str(exc)) from None
+    skipped = f", skipped {m.skipped_lines} malformed line(s)" if m.skipped_lines else ""
+    print(
+        f"indexed {m.num_documents} passages ({m.retriever}{', ' + m.model if m.model else ''}) into {args.out}{skipped}"
+    )
+    return 0
+
+
+def _search(args: argparse.Namespace) -> int:
+    from searchr1.cli import UserFacingError
+    from searchr1.retrieval.base import SearchError
+
+    retriever, cfg = _retriever_from_args(args)
+    try:
+        results = retriever.search(args.queries, cfg.topk)
+    except SearchError as exc:
+        raise UserFacingError(str(exc)) from None
+    finally:
+        retriever.close()
+    if args.json:
+        json.dump([[h.to_dict() for h in hits] for hits in results], sys.stdout, ensure_ascii=False, indent=2)
+        print()
+        return 0
+    for query, hits in zip(args.queries, results, strict=True):
+        print(f"query: {query}")
+        if not hits:
+            print("  (no hits)")
+        for rank, h in enumerate(hits, 1):
+            text = h.text if len(h.text) <= 200 else h.text[:197] + "..."
+            print(f"  {rank}. [{h.score:.3f}] {h.title} (id {h.id})\n     {text}")
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from searchr1.retrieval.server import ServerLimits, run_server
+
+    retriever, cfg = _retriever_from_args(args)
+    limits = ServerLimits(
+        max_queries=args.max_queries, max_topk=args.max_topk, max_query_chars=args.max_query_chars
+    )
+    docs = getattr(retriever, "docs", None)
+    print(f"serving {retriever.name} on http://{args.host}:{args.port} (docs at /docs)", flush=True)
+    run_server(
+        retriever,
+        args.host,
+        args.port,
+        args.api_key,
+        limits,
+        cfg.topk,
+        len(docs) if docs is not None else None,
+    )
+    return 0

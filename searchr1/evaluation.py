@@ -240,12 +240,10 @@ def single_turn_engine(engine: Any, tokenizer: Any) -> Any:
     return SingleTurnEngine(model, tokenizer, max_new_tokens=max_new)
 
 
-def _greedy_sampling() -> Any:
-    """``SamplingParams.greedy_eval()`` of the rollout package (None if it has no such type)."""
-    try:
-        from searchr1.rollout.engine import SamplingParams  # type: ignore[attr-defined]
-    except ImportError:
-        return None
+def greedy_sampling() -> Any:
+    """The rollout package's greedy evaluation sampling (``SamplingParams.greedy_eval()``)."""
+    from searchr1.rollout.sampling import SamplingParams
+
     return SamplingParams.greedy_eval()
 
 
@@ -458,13 +456,15 @@ def evaluate(
     template: str = "base",
     topk: int = 3,
     seed: int = 0,
+    sampling: Any = None,
     settings: dict[str, Any] | None = None,
     on_batch: Callable[[BatchProgress], None] | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``samples`` greedily in batches and return the summary (also written to ``out_dir``).
 
     ``engine``: a rollout engine (``generate(prompt_ids, metas, sampling=..., seed=...)``) for agent
-    mode; for direct / rag its model is used through ``SingleTurnEngine``. ``retriever``: needed by
+    mode; for direct / rag its model is used through ``SingleTurnEngine``. ``sampling``: the agent's
+    ``SamplingParams`` (default: greedy). ``retriever``: needed by
     rag (one search per question, ``topk`` hits). ``settings``: what else identifies the run (model,
     data files); with ``resume`` a rerun into the same ``out_dir`` must match them and the samples,
     skips the samples already written and continues. ``on_batch`` is called after each batch is
@@ -496,7 +496,8 @@ def evaluate(
     pending = [v for v in views if v["index"] not in done]
 
     gen = engine if mode == "agent" else single_turn_engine(engine, tokenizer)
-    sampling = _greedy_sampling() if mode == "agent" else None
+    if mode == "agent" and sampling is None:
+        sampling = greedy_sampling()
     records = dict(done)
     for b, start in enumerate(range(0, len(pending), batch_size)):
         batch = pending[start : start + batch_size]
@@ -509,10 +510,7 @@ def evaluate(
         ]
         prompt_ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
         metas = [dict(v) for v in batch]
-        kwargs: dict[str, Any] = {"seed": seed}
-        if sampling is not None:
-            kwargs["sampling"] = sampling
-        trajs = gen.generate(prompt_ids, metas, **kwargs)
+        trajs = gen.generate(prompt_ids, metas, sampling=sampling, seed=seed)
         if mode == "rag":  # the one retrieval is part of the record (as a search the model did not choose)
             for t, v, h in zip(trajs, batch, hits_per_q, strict=True):
                 t.queries, t.documents, t.searches = [v["question"]], [[_jsonable_hit(x) for x in h]], 1

@@ -1,0 +1,198 @@
+"""Ask a trained model questions: ``Agent(model, search_backend).ask(question)``.
+
+    from searchr1 import Agent
+    agent = Agent("runs/x/checkpoints/latest", "indexes/wiki-bm25")     # or "http://127.0.0.1:8000"
+    result = agent.ask("Where was Alice Verdan born?")
+    result.answer, result.queries, result.trajectory.searches
+
+The agent runs the same rollout engine, prompt and scoring record as training and ``searchr1 eval``
+(greedy decoding), so what it does here is what it did there. ``on_event`` receives the trajectory
+piece by piece (reasoning text, each search with its hits, the answer) for display.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from searchr1.data.prompts import INFO_OPEN
+from searchr1.rollout.types import Trajectory
+
+
+@dataclass
+class AgentEvent:
+    """One piece of an answer, in trajectory order."""
+
+    kind: str
+    """text (the model's own tokens) | search (a query and its hits) | note (a masked non-search
+    observation such as the invalid-action message) | answer."""
+    text: str = ""
+    hits: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class AgentAnswer:
+    question: str
+    answer: str | None
+    trajectory: Trajectory
+    record: dict[str, Any]
+    """The record ``searchr1 eval`` writes for a trajectory (segments by role, queries, documents)."""
+
+    @property
+    def queries(self) -> list[str]:
+        return list(self.trajectory.queries)
+
+    @property
+    def documents(self) -> list[list[dict[str, Any]]]:
+        return self.record["documents"]
+
+    def events(self) -> list[AgentEvent]:
+        """The trajectory as display events: model text, searches with their hits, then the answer."""
+        out: list[AgentEvent] = []
+        search = 0
+        for seg in self.record["segments"][1:]:
+            if seg["role"] == "generated":
+                out.append(AgentEvent("text", seg["text"]))
+            elif INFO_OPEN in seg["text"] and search < len(self.record["queries"]):
+                hits = self.record["documents"][search] if search < len(self.record["documents"]) else []
+                out.append(AgentEvent("search", self.record["queries"][search], hits))
+                search += 1
+            else:
+                out.append(AgentEvent("note", seg["text"]))
+        out.append(AgentEvent("answer", self.answer or ""))
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        r = self.record
+        return {
+            "question": self.question,
+            "answer": self.answer,
+            "searches": r["searches"],
+            "turns": r["turns"],
+            "queries": r["queries"],
+            "hits": [
+                [{"title": h.get("title"), "id": h.get("id"), "score": h.get("score")} for h in hs]
+                for hs in r["documents"]
+            ],
+            "valid_format": bool(r["scores"]["valid_format"]),
+            "truncated": r["truncated"],
+            "finish_reason": r["finish_reason"],
+            "segments": r["segments"],
+        }
+
+
+def open_search_backend(backend: Any, topk: int = 3) -> Any:
+    """A ``Retriever`` from a retriever object, a server URL, an index folder or a corpus jsonl."""
+    from searchr1.retrieval.base import Retriever
+
+    if backend is None or isinstance(backend, Retriever) or hasattr(backend, "search"):
+        return backend
+    text = str(backend)
+    if text.startswith(("http://", "https://")):
+        from searchr1.retrieval.client import RetrievalClient
+
+        return RetrievalClient(text)
+    path = Path(text)
+    if path.is_dir():
+        from searchr1.retrieval.index import load_index
+
+        return load_index(path)
+    if path.is_file():
+        from searchr1.retrieval.bm25 import BM25Retriever
+
+        return BM25Retriever.from_corpus(path)
+    raise FileNotFoundError(
+        f"search backend not found: {text} (expected an index folder, a corpus jsonl or a URL)"
+    )
+
+
+class Agent:
+    """A model that reasons and searches, answering one question (or many) at a time.
+
+    ``model``: a hub id or local folder, or a loaded model (then pass ``tokenizer``).
+    ``search_backend``: a ``Retriever``, an index folder, a corpus jsonl (BM25 in memory) or a
+    retrieval-server URL. ``engine_kwargs`` go to the rollout engine (e.g. ``steer=``).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        search_backend: Any,
+        *,
+        tokenizer: Any = None,
+        template: str = "base",
+        topk: int = 3,
+        max_turns: int = 4,
+        max_turn_tokens: int = 500,
+        dtype: str = "float32",
+        device: str | None = None,
+        engine: str = "hf",
+        **engine_kwargs: Any,
+    ):
+        from searchr1.config import SearchR1Config
+        from searchr1.models import load_model, load_tokenizer
+        from searchr1.rollout.engine import build_engine
+
+        if isinstance(model, str | Path):
+            if device is None:
+                import torch
+
+                device = "cuda" if torch.cuda.is_available() else "cpu"
+            tokenizer = tokenizer or load_tokenizer(model)
+            model = load_model(model, dtype=dtype, device=device)
+        elif tokenizer is None:
+            raise ValueError("Agent: pass tokenizer= together with a loaded model")
+        model.eval()
+        self.model, self.tokenizer, self.template = model, tokenizer, template
+        self.retriever = open_search_backend(search_backend, topk)
+        cfg = SearchR1Config()
+        cfg.rollout.engine = engine
+        cfg.rollout.max_turns = max_turns
+        cfg.rollout.max_turn_tokens = max_turn_tokens
+        cfg.retrieval.topk = topk
+        self.config = cfg
+        self.engine = build_engine(cfg, model, tokenizer, self.retriever, **engine_kwargs)
+
+    def ask_many(self, questions: list[str]) -> list[AgentAnswer]:
+        """Answer several questions in one batch (greedy)."""
+        from searchr1.evaluation import build_mode_prompt, sample_view, trajectory_record
+        from searchr1.rollout.sampling import SamplingParams
+
+        views = [
+            sample_view({"id": str(i), "question": q, "golden_answers": [], "data_source": "ask"}, i)
+            for i, q in enumerate(questions)
+        ]
+        prompts = [
+            build_mode_prompt(v["question"], "agent", template=self.template, tokenizer=self.tokenizer)
+            for v in views
+        ]
+        ids = [self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+        trajs = self.engine.generate(
+            ids, [dict(v) for v in views], sampling=SamplingParams.greedy_eval(), seed=0
+        )
+        out = []
+        for q, v, t in zip(questions, views, trajs, strict=True):
+            rec = trajectory_record(t, v, self.tokenizer, "agent")
+            out.append(AgentAnswer(question=q, answer=rec["answer"], trajectory=t, record=rec))
+        return out
+
+    def ask(self, question: str, on_event: Callable[[AgentEvent], None] | None = None) -> AgentAnswer:
+        """Answer ``question``; ``on_event`` gets the reasoning, searches with hits, and the answer in order."""
+        result = self.ask_many([question])[0]
+        if on_event is not None:
+            for event in result.events():
+                on_event(event)
+        return result
+
+    def close(self) -> None:
+        self.engine.close()
+        if self.retriever is not None and hasattr(self.retriever, "close"):
+            self.retriever.close()
+
+    def __enter__(self) -> Agent:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

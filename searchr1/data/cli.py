@@ -1,0 +1,222 @@
+"""``searchr1 data synth | prepare | merge``: build the datasets the trainer and the evaluation read."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+EXAMPLES_SYNTH = """examples:
+  searchr1 data synth --out data/world
+  searchr1 data synth --out data/big --entities 2000 --num-train 10000 --hop-mix single=0.5,bridge=0.3,comparison=0.2
+  searchr1 data synth --out data/world --parquet          (also train/val/test.parquet for training)
+"""
+
+EXAMPLES_PREPARE = """examples:
+  searchr1 data prepare --source nq --input nq_train.jsonl --split train --out data/nq_train.parquet
+  searchr1 data prepare --source hotpotqa --input hotpotqa_dev.jsonl --split test --template instruct --out hq.parquet
+  searchr1 data prepare --source nq --input RUC-NLPIR/FlashRAG_datasets:nq --split test --out nq_test.parquet
+  searchr1 data prepare --input mine.jsonl --template my_template.txt --skip-bad --out mine.parquet
+"""
+
+EXAMPLES_MERGE = """examples:
+  searchr1 data merge data/nq_train.parquet data/hotpotqa_train.parquet --out data/train.parquet
+  searchr1 data merge data/*_test.parquet --out data/test.parquet --shuffle --seed 0
+"""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    fmt = argparse.RawDescriptionHelpFormatter
+    p = sub.add_parser("data", help="generate, convert and merge datasets", description="Datasets.")
+    data_sub = p.add_subparsers(dest="data_command", metavar="SUBCOMMAND")
+
+    s = data_sub.add_parser(
+        "synth",
+        help="write the synthetic world: corpus.jsonl and train/val/test.jsonl",
+        description="Generate a seeded fictional world (people, places, organisations, works): a wiki-18 "
+        "corpus and FlashRAG questions (single-hop, bridge, comparison); the test split asks about "
+        "entities never asked about in training. The same seed gives byte-identical files.",
+        epilog=EXAMPLES_SYNTH,
+        formatter_class=fmt,
+    )
+    s.add_argument("--out", required=True, help="output folder")
+    s.add_argument("--entities", type=int, default=300, help="entities in the world (default 300)")
+    s.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    s.add_argument("--num-train", type=int, default=1000, help="training questions at most (default 1000)")
+    s.add_argument("--num-val", type=int, default=100, help="validation questions at most (default 100)")
+    s.add_argument("--num-test", type=int, default=200, help="test questions at most (default 200)")
+    s.add_argument(
+        "--hop-mix",
+        default="single=0.6,bridge=0.25,comparison=0.15",
+        help="question type shares (default single=0.6,bridge=0.25,comparison=0.15)",
+    )
+    s.add_argument(
+        "--distractor-density",
+        type=float,
+        default=0.3,
+        help="chance an entity shares a name part with another (default 0.3)",
+    )
+    s.add_argument(
+        "--filler-sentences", type=int, default=2, help="fact-free sentences per passage (default 2)"
+    )
+    s.add_argument(
+        "--parquet", action="store_true", help="also write train/val/test.parquet (Search-R1 form)"
+    )
+    s.add_argument("--template", default="base", help="prompt template for --parquet (default base)")
+    s.set_defaults(func=_synth)
+
+    pr = data_sub.add_parser(
+        "prepare",
+        help="convert a FlashRAG jsonl / hub dataset into the Search-R1 training parquet",
+        description="Read FlashRAG jsonl (or parquet, or a hub dataset NAME[:CONFIG] through "
+        "datasets.load_dataset), build the prompts, and write Search-R1 / veRL parquet (or .jsonl). "
+        "Bad rows stop the command with their row number, or with --skip-bad are skipped and counted.",
+        epilog=EXAMPLES_PREPARE,
+        formatter_class=fmt,
+    )
+    pr.add_argument("--input", required=True, help="FILE.jsonl, FILE.parquet or hub NAME[:CONFIG]")
+    pr.add_argument(
+        "--source", default=None, help="data_source name (nq, hotpotqa, ...; default from the data)"
+    )
+    pr.add_argument(
+        "--split", default="train", help="train | test | dev ... (also the hub split; default train)"
+    )
+    pr.add_argument(
+        "--template", default="base", help="base | instruct | path to a file with a {question} slot"
+    )
+    pr.add_argument("--out", required=True, help="output .parquet (or .jsonl)")
+    pr.add_argument("--skip-bad", action="store_true", help="skip and count bad rows instead of stopping")
+    pr.add_argument("--limit", type=int, default=None, help="keep only the first N rows")
+    pr.set_defaults(func=_prepare)
+
+    m = data_sub.add_parser(
+        "merge",
+        help="merge several prepared datasets with unique group indices",
+        description="Concatenate datasets (parquet or jsonl); the index (GRPO group id) is renumbered over "
+        "the whole result, so groups never mix questions from different sources.",
+        epilog=EXAMPLES_MERGE,
+        formatter_class=fmt,
+    )
+    m.add_argument("inputs", nargs="+", help="input .parquet / .jsonl files")
+    m.add_argument("--out", required=True, help="output .parquet (or .jsonl)")
+    m.add_argument("--shuffle", action="store_true", help="shuffle the merged rows")
+    m.add_argument("--seed", type=int, default=0, help="shuffle seed (default 0)")
+    m.add_argument("--template", default="base", help="template for rows without stored prompts")
+    m.add_argument("--skip-bad", action="store_true", help="skip and count bad rows instead of stopping")
+    m.set_defaults(func=_merge)
+
+    def _usage(args: argparse.Namespace) -> int:
+        p.print_help()
+        return 2
+
+    p.set_defaults(func=_usage)
+
+
+def _parse_mix(text: str) -> dict[str, float]:
+    from searchr1.cli import UserFacingError
+
+    mix = {}
+    for part in text.split(","):
+        name, sep, value = part.partition("=")
+        try:
+            mix[name.strip()] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep:
+            raise UserFacingError(
+                f"--hop-mix: expected name=share pairs like single=0.6,bridge=0.4, got {text!r}"
+            )
+    return mix
+
+
+def _synth(args: argparse.Namespace) -> int:
+    from searchr1.cli import UserFacingError
+    from searchr1.data.formats import load_samples, write_parquet
+    from searchr1.data.synth import SynthConfig, generate_world, write_world
+
+    cfg = SynthConfig(
+        num_entities=args.entities,
+        hop_mix=_parse_mix(args.hop_mix),
+        distractor_density=args.distractor_density,
+        filler_sentences=args.filler_sentences,
+        num_train=args.num_train,
+        num_val=args.num_val,
+        num_test=args.num_test,
+        seed=args.seed,
+    )
+    try:
+        world = generate_world(cfg)
+    except ValueError as exc:
+        raise UserFacingError(str(exc)) from exc
+    paths = write_world(world, args.out)
+    if args.parquet:
+        for split in ("train", "val", "test"):
+            samples = load_samples(paths[split], split=split)
+            paths[f"{split}.parquet"] = write_parquet(
+                samples, paths[split].with_suffix(".parquet"), args.template
+            )
+    print(f"corpus: {len(world.corpus)} passages about {len(world.entities)} entities")
+    for split in ("train", "val", "test"):
+        rows = world.splits[split]
+        kinds = {t: sum(q["metadata"]["type"] == t for q in rows) for t in ("single", "bridge", "comparison")}
+        print(f"{split}: {len(rows)} questions ({', '.join(f'{k} {v}' for k, v in kinds.items())})")
+    for name, path in paths.items():
+        print(f"wrote {name}: {path}")
+    return 0
+
+
+def _report_skipped(stats) -> None:
+    if stats.skipped:
+        print(f"skipped {stats.skipped} bad row(s) of {stats.rows}:", file=sys.stderr)
+        for msg in stats.messages[:20]:
+            print(f"  {msg}", file=sys.stderr)
+        if len(stats.messages) > 20:
+            print(f"  ... and {len(stats.messages) - 20} more", file=sys.stderr)
+
+
+def _prepare(args: argparse.Namespace) -> int:
+    from searchr1.cli import UserFacingError
+    from searchr1.data.formats import DataError, LoadStats, load_samples, write_samples
+    from searchr1.data.prompts import load_template
+
+    stats = LoadStats()
+    try:
+        load_template(args.template)
+        samples = load_samples(
+            args.input,
+            split=args.split,
+            source=args.source,
+            skip_bad=args.skip_bad,
+            stats=stats,
+            limit=args.limit,
+        )
+        for s in samples:
+            s.split = args.split
+            s.prompt_messages = None  # rebuilt from --template
+        if not samples:
+            raise UserFacingError(f"{args.input}: no usable rows")
+        out = write_samples(samples, args.out, args.template)
+    except (DataError, ValueError) as exc:
+        hint = " (use --skip-bad to skip and count bad rows)" if isinstance(exc, DataError) else ""
+        raise UserFacingError(f"{exc}{hint}") from exc
+    _report_skipped(stats)
+    sources = sorted({s.data_source for s in samples})
+    print(f"wrote {len(samples)} rows ({', '.join(sources)}; split {args.split}) to {out}")
+    return 0
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from searchr1.cli import UserFacingError
+    from searchr1.data.formats import DataError, LoadStats, load_samples, merge_samples, write_samples
+
+    stats = LoadStats()
+    try:
+        groups = [load_samples(p, skip_bad=args.skip_bad, stats=stats) for p in args.inputs]
+        merged = merge_samples(groups, shuffle=args.shuffle, seed=args.seed)
+        out = write_samples(merged, args.out, args.template)
+    except (DataError, ValueError) as exc:
+        raise UserFacingError(str(exc)) from exc
+    _report_skipped(stats)
+    for path, g in zip(args.inputs, groups, strict=True):
+        print(f"{path}: {len(g)} rows")
+    print(f"wrote {len(merged)} rows with indices 0..{len(merged) - 1} to {out}")
+    return 0

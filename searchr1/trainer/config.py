@@ -1,8 +1,16 @@
-"""Configuration of the model and of the training loop (sections ``model`` and ``trainer``)."""
+"""Configuration of the model and of the training loop (sections ``model`` and ``trainer``).
+
+Batch sizes count *prompts* (GRPO groups), never trajectories, so that a group is never split
+across mini-batches or ranks: one step rolls out ``batch_size * rollout.n`` trajectories.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+KNOWN_ALGORITHMS = ("ppo", "grpo", "rloo", "reinforce", "reinforce_plus_plus")
+"""Names accepted by the Python API's ``rl_algorithm`` (each maps to an advantage estimator)."""
 
 
 @dataclass
@@ -11,6 +19,30 @@ class ModelConfig:
     """Hugging Face hub id or local folder; `tiny` builds the tiny CPU model of the demo."""
     dtype: str = "float32"
     """Parameter dtype: float32 | bfloat16 | float16."""
+    tokenizer: str | None = None
+    """Tokenizer hub id or folder (None = the model's)."""
+    critic_path: str | None = None
+    """Model the PPO critic's value head is put on (None = the policy's `path`)."""
+    lora_r: int = 0
+    """LoRA rank (0 = full fine-tuning). With LoRA the reference is the base model with the adapter off."""
+    lora_alpha: int = 32
+    """LoRA scaling numerator (scale = alpha / r)."""
+    lora_dropout: float = 0.0
+    """Dropout on the LoRA branch."""
+    lora_targets: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    """Module names LoRA adapts."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (less memory, ~30% more compute)."""
+    bf16_autocast: bool = True
+    """Autocast forward passes to bfloat16 where the device supports it (CUDA with bf16); ignored on CPU."""
+
+    def validate(self, root: Any) -> None:
+        if self.lora_r < 0:
+            raise ValueError(f"model.lora_r must be >= 0, got {self.lora_r}")
+        if self.lora_r > 0 and not self.lora_targets:
+            raise ValueError("model.lora_targets must name at least one module when model.lora_r > 0")
 
 
 @dataclass
@@ -19,3 +51,117 @@ class TrainerConfig:
     """Training steps (one step = one rollout batch and its policy update)."""
     out_dir: str = "runs/default"
     """Run folder: checkpoints, metrics.jsonl, plots, report."""
+    batch_size: int = 8
+    """Prompts per step (each rolled out `rollout.n` times); split across ranks by whole groups."""
+    mini_batch_size: int = 8
+    """Prompts per optimizer step inside a PPO epoch; must divide `batch_size`."""
+    micro_batch_size: int = 8
+    """Trajectories per forward/backward pass (gradient accumulation over micro-batches)."""
+    micro_batch_tokens: int = 0
+    """If > 0, pack micro-batches up to this many tokens (length-bucketed) instead of a fixed count."""
+    ppo_epochs: int = 1
+    """Passes over each rollout batch."""
+    actor_lr: float = 1e-6
+    """Peak learning rate of the policy."""
+    critic_lr: float = 1e-5
+    """Peak learning rate of the critic (PPO / gae only)."""
+    weight_decay: float = 0.01
+    """AdamW weight decay."""
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW betas."""
+    lr_warmup_steps: int = 0
+    """Linear warm-up steps of the actor and critic learning rates."""
+    lr_warmup_ratio: float = 0.0
+    """Warm-up as a fraction of `total_steps` (used when `lr_warmup_steps` is 0)."""
+    critic_lr_warmup_ratio: float = -1.0
+    """Critic warm-up as a fraction of `total_steps` (negative = same warm-up as the actor)."""
+    lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
+    """Decay after warm-up."""
+    min_lr_ratio: float = 0.0
+    """Floor of the decayed learning rate as a fraction of the peak."""
+    grad_clip: float = 1.0
+    """Global gradient-norm clip (0 = off)."""
+    critic_warmup_steps: int = 0
+    """Steps during which only the critic is trained (PPO)."""
+    mask_observations: bool = True
+    """Train only generated tokens. False also trains on observation tokens (the paper's ablation)."""
+    save_every: int = 50
+    """Checkpoint every N steps (0 = only at the end and on SIGTERM / SIGINT)."""
+    keep_last: int = 3
+    """Complete checkpoints kept (older ones are deleted)."""
+    resume: str = "auto"
+    """auto (newest complete checkpoint in out_dir, if any) | never | path to a checkpoint folder."""
+    val_every: int = 0
+    """Validate every N steps (0 = never during training)."""
+    val_before_train: bool = False
+    """Validate once before the first step."""
+    val_max_samples: int = 0
+    """Validation questions at most (0 = all)."""
+    log_backends: list[str] = field(default_factory=lambda: ["jsonl", "tensorboard"])
+    """Metric sinks: jsonl | tensorboard | wandb (wandb honours WANDB_MODE=offline)."""
+    wandb_project: str = "searchr1"
+    """Weights & Biases project."""
+    wandb_mode: str = "offline"
+    """Weights & Biases mode: offline | online | disabled."""
+    progress_bar: bool = True
+    """Show a progress bar with ETA and the key metrics."""
+    plot_every: int = 0
+    """Write PNG plots every N steps (0 = only at the end)."""
+    max_nonfinite_in_a_row: int = 5
+    """Stop (with a checkpoint) after this many consecutive steps with a non-finite loss or gradient."""
+    shuffle: bool = True
+    """Shuffle the training prompts each epoch (seeded)."""
+    device: str = "auto"
+    """cpu | cuda | auto (cuda when available)."""
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+    """Gradient synchronisation under torchrun: ddp | fsdp (FSDP2 fully_shard)."""
+    trajectory_samples: int = 4
+    """Trajectories per step written to trajectories.jsonl for inspection (0 = none)."""
+
+    def validate(self, root: Any) -> None:
+        positive = ("total_steps", "batch_size", "mini_batch_size", "micro_batch_size", "ppo_epochs")
+        for key in positive:
+            if getattr(self, key) < 1:
+                raise ValueError(f"trainer.{key} must be >= 1, got {getattr(self, key)}")
+        if self.batch_size % self.mini_batch_size:
+            raise ValueError(
+                f"trainer.batch_size={self.batch_size} is not divisible into mini-batches of "
+                f"trainer.mini_batch_size={self.mini_batch_size}"
+            )
+        for key in ("actor_lr", "critic_lr"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"trainer.{key} must be >= 0")
+        if self.resume not in ("auto", "never") and not self.resume:
+            raise ValueError("trainer.resume must be auto | never | a checkpoint path")
+        unknown = [b for b in self.log_backends if b not in ("jsonl", "tensorboard", "wandb")]
+        if unknown:
+            raise ValueError(
+                f"trainer.log_backends: unknown backend(s) {unknown}; known: jsonl, tensorboard, wandb"
+            )
+        if len(self.adam_betas) != 2:
+            raise ValueError("trainer.adam_betas must hold two numbers")
+        if self.keep_last < 1:
+            raise ValueError("trainer.keep_last must be >= 1")
+        if self.max_nonfinite_in_a_row < 1:
+            raise ValueError("trainer.max_nonfinite_in_a_row must be >= 1")
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"trainer.device: expected auto | cpu | cuda[:N], got {self.device!r}")
+        _validate_algorithm(root)
+
+
+def _validate_algorithm(root: Any) -> None:
+    """Cross-section checks of the algorithm against the rollout group size.
+
+    (Registry names are checked by the ``algorithm`` section itself.)
+    """
+    algo = getattr(root, "algorithm", None)
+    if algo is None:
+        return
+    n = getattr(getattr(root, "rollout", None), "n", 2)
+    if algo.advantage == "grpo" and n == 1 and getattr(algo, "norm_adv_by_std", True):
+        raise ValueError(
+            "rollout.n=1 with algorithm.advantage=grpo and algorithm.norm_adv_by_std=true: a group of one "
+            "has no spread (set rollout.n >= 2, or algorithm.norm_adv_by_std=false)"
+        )
+    if algo.advantage == "rloo" and n < 2:
+        raise ValueError("rollout.n must be >= 2 for algorithm.advantage=rloo (leave-one-out needs a group)")

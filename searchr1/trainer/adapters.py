@@ -1,0 +1,184 @@
+"""The trainer's only contact points with the other packages (rollout, rewards, data, critic, KL).
+
+Each function is a thin call into the owning package, so the loop reads as the data path and a
+change of another package's signature is fixed here, in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from searchr1.trainer.logprobs import token_logprobs
+
+# ----------------------------------------------------------------------------------------------
+# Models: the forward passes the update needs, as modules (so DDP / FSDP hooks see the call).
+
+
+class PolicyLogprobs(nn.Module):
+    """Wraps a causal LM: ``forward`` returns per-token log-probs (and entropies) via the chunked
+    LM head of ``searchr1.trainer.logprobs`` (never full-vocabulary float32 logits)."""
+
+    def __init__(self, model: nn.Module, chunk_size: int = 1024) -> None:
+        super().__init__()
+        self.model = model
+        self.chunk_size = chunk_size
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        *,
+        target_mask: torch.Tensor | None = None,
+        temperature: float = 1.0,
+        return_entropy: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        out = token_logprobs(
+            self.model,
+            input_ids,
+            attention_mask,
+            position_ids,
+            chunk_size=self.chunk_size,
+            temperature=temperature,
+            return_entropy=return_entropy,
+            target_mask=target_mask,
+        )
+        if return_entropy:
+            return out  # type: ignore[return-value]
+        return out, None  # type: ignore[return-value]
+
+
+def build_value_model(path_or_model: Any, dtype: str = "float32") -> nn.Module:
+    """The PPO critic: a value head on a causal LM (``searchr1.trainer.critic``)."""
+    from searchr1.trainer import critic
+
+    return critic.build_critic(path_or_model, dtype=dtype)
+
+
+class CriticValues(nn.Module):
+    """Wraps the critic: ``forward(input_ids, attention_mask) -> values [B, T]`` aligned like the
+    log-probs (``values[b, t]`` is the value of the state before token ``t``)."""
+
+    def __init__(self, critic_model: nn.Module) -> None:
+        super().__init__()
+        self.critic = critic_model
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids=None
+    ) -> torch.Tensor:
+        from searchr1.trainer import critic
+
+        return critic.token_values(self.critic, input_ids, attention_mask, position_ids)
+
+
+# ----------------------------------------------------------------------------------------------
+# KL between policy and reference on sampled tokens.
+
+
+def token_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
+    """Per-token KL estimate ``[B, T]`` (``algorithm.kl_estimator``) from the algorithms registry."""
+    from searchr1.algorithms.registry import get_kl_estimator
+
+    return get_kl_estimator(estimator)(logprobs, ref_logprobs)
+
+
+# ----------------------------------------------------------------------------------------------
+# Rollout.
+
+
+def make_engine(cfg: Any, model: nn.Module, tokenizer: Any, retriever: Any) -> Any:
+    """The rollout engine named by ``rollout.engine`` (``searchr1.rollout.engine.build_engine``)."""
+    from searchr1.rollout.engine import build_engine
+
+    return build_engine(cfg, model, tokenizer, retriever)
+
+
+def sampling_params(rollout_cfg: Any, greedy: bool = False) -> Any:
+    from searchr1.rollout.sampling import SamplingParams
+
+    return SamplingParams.greedy_eval(rollout_cfg) if greedy else SamplingParams.from_config(rollout_cfg)
+
+
+def generate(
+    engine: Any, prompt_ids: list[list[int]], metas: list[dict], sampling: Any, seed: int
+) -> list[Any]:
+    return engine.generate(prompt_ids, metas, sampling=sampling, seed=seed)
+
+
+# ----------------------------------------------------------------------------------------------
+# Rewards.
+
+
+def build_reward(reward_cfg: Any) -> Any:
+    from searchr1.rewards.composite import build_reward as _build
+
+    return _build(reward_cfg)
+
+
+def score(reward_fn: Any, trajectories: Sequence[Any], decode: Any) -> list[Any]:
+    """``RewardOutput(total, components, ...)`` per trajectory (batched when the reward supports it)."""
+    if hasattr(reward_fn, "score_trajectories"):
+        return reward_fn.score_trajectories(list(trajectories), decode)
+    return [reward_fn(t, decode) for t in trajectories]
+
+
+def answer_metrics(response_text: str, golden_answers: Sequence[str]) -> dict[str, float]:
+    """EM and F1 of the answer extracted from a response (the evaluation's metrics)."""
+    from searchr1.rewards.text import exact_match, extract_answer, f1_score
+
+    answer = extract_answer(response_text)
+    return {
+        "em": float(exact_match(answer, list(golden_answers))),
+        "f1": float(f1_score(answer, list(golden_answers))),
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# Data.
+
+
+def load_samples(paths: Sequence[str]) -> list[Any]:
+    """``Sample(id, question, golden_answers, data_source, ...)`` rows of jsonl / parquet files."""
+    from searchr1.data.formats import load_samples as _load
+
+    rows: list[Any] = []
+    for path in paths:
+        rows.extend(_load(path))
+    return rows
+
+
+def build_prompt(question: str, template: str, tokenizer: Any) -> str:
+    from searchr1.data.prompts import build_prompt as _build
+
+    return _build(question, template, tokenizer)
+
+
+def sample_meta(sample: Any, index: int) -> dict[str, Any]:
+    """What travels with a trajectory: question, golden answers, source, ids."""
+    get = sample.get if isinstance(sample, dict) else lambda k, d=None: getattr(sample, k, d)
+    return {
+        "id": get("id", str(index)),
+        "question": get("question", ""),
+        "golden_answers": list(get("golden_answers", []) or []),
+        "data_source": get("data_source", None) or "default",
+        "index": index,
+    }
+
+
+def synthetic_world(out_dir: Any, seed: int) -> dict[str, Any]:
+    """Generate (once) the embedded synthetic world under ``out_dir``; returns its file paths."""
+    from pathlib import Path
+
+    from searchr1.data.synth import SynthConfig, generate_world, write_world
+
+    out = Path(out_dir)
+    marker = out / ".complete"
+    if not marker.is_file():
+        world = generate_world(SynthConfig(seed=seed))
+        write_world(world, out)
+        marker.write_text("ok\n")
+    return {p.stem: p for p in out.glob("*.jsonl")}

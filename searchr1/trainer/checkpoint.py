@@ -1,0 +1,148 @@
+"""Checkpoints that a kill never leaves half-written, and resume from the newest complete one.
+
+Layout of ``<out_dir>/checkpoints/step_000120/``::
+
+    model/              Hugging Face folder (safetensors + config + tokenizer): from_pretrained loads it
+    adapter/            the LoRA adapter (peft format), only with model.lora_r > 0
+    critic.pt           critic state (PPO), optional
+    trainer_state.pt    optimizer(s), scheduler(s), RNG states, data position, step, counters
+    config.yaml         the full run configuration
+    COMPLETE            written last
+
+Everything is written to ``.tmp-step_000120`` and renamed at the end (a rename is atomic on POSIX);
+only folders with ``COMPLETE`` count. ``keep_last`` complete checkpoints are kept.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+STEP_RE = re.compile(r"^step_(\d+)$")
+COMPLETE = "COMPLETE"
+
+
+def checkpoint_dir(out_dir: str | Path) -> Path:
+    return Path(out_dir) / "checkpoints"
+
+
+def rng_state() -> dict[str, Any]:
+    """Every RNG the run touches: python, numpy, torch CPU and CUDA."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def list_checkpoints(out_dir: str | Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints as (step, path), oldest first."""
+    root = checkpoint_dir(out_dir)
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        match = STEP_RE.match(child.name)
+        if match and (child / COMPLETE).is_file():
+            found.append((int(match.group(1)), child))
+    return sorted(found)
+
+
+def latest_checkpoint(out_dir: str | Path) -> Path | None:
+    found = list_checkpoints(out_dir)
+    return found[-1][1] if found else None
+
+
+def resolve_resume(resume: str, out_dir: str | Path) -> Path | None:
+    """The checkpoint to resume from for ``trainer.resume`` (auto | never | path), or None."""
+    if resume == "never":
+        return None
+    if resume == "auto":
+        return latest_checkpoint(out_dir)
+    path = Path(resume)
+    if not (path / COMPLETE).is_file():
+        raise FileNotFoundError(f"trainer.resume: {path} is not a complete checkpoint (no {COMPLETE} file)")
+    return path
+
+
+def save_checkpoint(
+    out_dir: str | Path,
+    step: int,
+    write_model: Any,
+    trainer_state: dict[str, Any],
+    config_yaml: str,
+    critic_state: dict[str, Any] | None = None,
+    keep_last: int = 3,
+) -> Path:
+    """Write a checkpoint atomically and prune old ones; returns the final folder.
+
+    ``write_model(folder)`` writes the Hugging Face folder (and the adapter, if any) into ``folder``.
+    """
+    root = checkpoint_dir(out_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    name = f"step_{step:06d}"
+    final = root / name
+    tmp = root / f".tmp-{name}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    write_model(tmp)
+    if critic_state is not None:
+        torch.save(critic_state, tmp / "critic.pt")
+    torch.save(trainer_state, tmp / "trainer_state.pt")
+    (tmp / "config.yaml").write_text(config_yaml)
+    (tmp / COMPLETE).write_text(f"{step}\n")
+    _fsync_dir(tmp)
+    if final.exists():  # re-saving the same step (e.g. signal right after a periodic save)
+        old = root / f".old-{name}"
+        if old.exists():
+            shutil.rmtree(old)
+        os.rename(final, old)
+        os.rename(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, final)
+    _fsync_dir(root)
+    prune_checkpoints(out_dir, keep_last)
+    return final
+
+
+def prune_checkpoints(out_dir: str | Path, keep_last: int) -> None:
+    found = list_checkpoints(out_dir)
+    for _, path in found[: max(0, len(found) - keep_last)]:
+        shutil.rmtree(path, ignore_errors=True)
+    root = checkpoint_dir(out_dir)
+    for child in root.iterdir():  # leftovers of a killed save
+        if child.name.startswith((".tmp-", ".old-")) and child.is_dir():
+            shutil.rmtree(child, ignore_errors=True)
+
+
+def load_trainer_state(path: str | Path) -> dict[str, Any]:
+    return torch.load(Path(path) / "trainer_state.pt", map_location="cpu", weights_only=False)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

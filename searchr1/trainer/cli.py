@@ -1,0 +1,96 @@
+"""``searchr1 train``: RL training from a YAML config plus dotted overrides.
+
+searchr1 train --config configs/tiny_cpu.yaml trainer.total_steps=50 trainer.out_dir=runs/tiny
+searchr1 train --config configs/grpo_qwen2.5_3b.yaml data.train_files=[train.parquet]
+torchrun --nproc_per_node 8 -m searchr1.cli train --config configs/ppo_qwen2.5_3b.yaml
+searchr1 train --plot runs/tiny                 # (re)write the PNG plots of a run
+searchr1 train --config X.yaml --print-config   # the resolved configuration, nothing trained
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "train",
+        help="train a policy with RL (PPO, GRPO, RLOO, REINFORCE, REINFORCE++)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--config", help="YAML config file (see configs/); keys not given keep their defaults"
+    )
+    parser.add_argument(
+        "overrides", nargs="*", help="dotted key=value overrides, e.g. trainer.total_steps=10"
+    )
+    parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    parser.add_argument(
+        "--list-keys", action="store_true", help="list every config key with its default and doc"
+    )
+    parser.add_argument("--plot", metavar="RUN_DIR", help="write the PNG plots of an existing run and exit")
+    parser.set_defaults(func=_main)
+
+
+def resolve_config_path(path: str | None) -> str | None:
+    """A config file path, or the name of a shipped config (``tiny_cpu``, ``grpo_qwen2.5_3b``, ...)."""
+    if path is None:
+        return None
+    from pathlib import Path
+
+    if Path(path).is_file():
+        return path
+    from searchr1.trainer.configs import shipped_config
+
+    found = shipped_config(path)
+    return str(found) if found else path
+
+
+def _main(args: argparse.Namespace) -> int:
+    from searchr1.cli import UserFacingError
+    from searchr1.config import ConfigError, describe, load_config, to_dict
+
+    if args.list_keys:
+        for key, default, doc in describe():
+            print(f"{key} = {default}\n    {doc}")
+        return 0
+    if args.plot:
+        from pathlib import Path
+
+        from searchr1.trainer.plots import write_plots
+
+        if not (Path(args.plot) / "metrics.jsonl").is_file():
+            raise UserFacingError(f"{args.plot}: no metrics.jsonl (not a run folder?)")
+        for path in write_plots(args.plot):
+            print(path)
+        return 0
+    try:
+        cfg = load_config(resolve_config_path(args.config), args.overrides)
+    except ConfigError as exc:
+        raise UserFacingError(str(exc)) from exc
+    if args.print_config:
+        import yaml
+
+        print(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        return 0
+    from searchr1.trainer.loop import RLTrainer, TrainingStopped
+
+    try:
+        trainer = RLTrainer(cfg)
+        trainer.setup()
+    except (ValueError, FileNotFoundError) as exc:  # bad data / paths / world size: no traceback
+        raise UserFacingError(str(exc)) from exc
+    try:
+        summary = trainer.train()
+    except TrainingStopped as exc:
+        raise UserFacingError(str(exc)) from exc
+    if trainer.dist.is_main:
+        last = summary.get("last", {})
+        keys = ("reward/mean", "val/em", "rollout/searches", "actor/kl", "actor/entropy")
+        shown = ", ".join(f"{k}={last[k]:.4g}" for k in keys if isinstance(last.get(k), int | float))
+        print(f"done: step {summary['step']} {shown}", file=sys.stderr)
+        print(f"run folder: {summary['out_dir']}  checkpoint: {summary.get('checkpoint')}")
+    return 130 if summary.get("interrupted") else 0

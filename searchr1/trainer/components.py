@@ -1,0 +1,267 @@
+"""Building the pieces of a run from its configuration: data, retriever, tokenizer, policy (LoRA),
+reference, critic, reward; and writing the policy as a Hugging Face folder.
+
+``model.path=tiny`` builds a tiny Qwen2-style model and a tokenizer trained on the run's own texts
+(saved under ``<out_dir>/tiny-model`` and loaded back through ``from_pretrained``).
+``data.train_files`` unset means the embedded synthetic world (generated under ``<out_dir>/world``),
+with a BM25 index over its corpus unless ``retrieval`` says otherwise.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from searchr1.trainer import adapters
+from searchr1.trainer.distributed import DistInfo, full_state_dict, unwrap
+
+
+@dataclass
+class Built:
+    tokenizer: Any
+    policy: torch.nn.Module
+    reference: torch.nn.Module | None
+    critic: torch.nn.Module | None
+    retriever: Any
+    reward_fn: Any
+    train_samples: list[Any]
+    val_samples: list[Any]
+    engine: Any
+    lora: bool
+    model_path: str
+
+
+def _read_jsonl_samples(path: str) -> list[dict[str, Any]]:
+    rows = []
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({exc})") from exc
+            row.setdefault("data_source", (row.get("metadata") or {}).get("data_source") or Path(path).stem)
+            rows.append(row)
+    return rows
+
+
+def load_samples(paths: list[str]) -> list[Any]:
+    """Samples of jsonl / parquet files through ``searchr1.data.formats`` (plain jsonl if absent)."""
+    try:
+        return adapters.load_samples(paths)
+    except ModuleNotFoundError as exc:
+        if exc.name != "searchr1.data.formats":
+            raise
+        rows: list[Any] = []
+        for p in paths:
+            rows.extend(_read_jsonl_samples(p))
+        return rows
+
+
+def resolve_data(cfg: Any, out_dir: Path, is_main: bool = True) -> tuple[list[str], list[str], str | None]:
+    """(train files, val files, corpus) - the synthetic world when no training files are given."""
+    if cfg.data.train_files:
+        return list(cfg.data.train_files), list(cfg.data.val_files or []), None
+    files = adapters.synthetic_world(out_dir / "world", seed=cfg.seed)
+    val = list(cfg.data.val_files) if cfg.data.val_files else [str(files["val"])]
+    return [str(files["train"])], val, str(files["corpus"])
+
+
+def tiny_model_folder(out_dir: Path, texts: list[str], seed: int) -> Path:
+    from searchr1.models import save_tiny_checkpoint
+
+    folder = out_dir / "tiny-model"
+    if not (folder / "config.json").is_file():
+        save_tiny_checkpoint(folder, texts, seed=seed, vocab_size=2048)
+    return folder
+
+
+def build(cfg: Any, injected: dict[str, Any], resume_from: Path | None, is_main: bool = True) -> Built:
+    out_dir = Path(cfg.trainer.out_dir)
+    # -- data
+    train_samples = injected.get("train_samples")
+    val_samples = injected.get("val_samples")
+    corpus = None
+    if train_samples is None:
+        train_files, val_files, corpus = resolve_data(cfg, out_dir, is_main)
+        train_samples = load_samples(train_files)
+        if val_samples is None:
+            val_samples = load_samples(val_files) if val_files else []
+    val_samples = val_samples or []
+    if len(train_samples) < cfg.trainer.batch_size:
+        raise ValueError(
+            f"trainer.batch_size={cfg.trainer.batch_size} but the training data has only {len(train_samples)} prompts"
+        )
+    # -- retriever
+    retriever = injected.get("retriever")
+    if retriever is None:
+        rcfg = cfg.retrieval
+        if corpus and rcfg.index is None and getattr(rcfg, "corpus", None) in (None, ""):
+            rcfg = dataclasses.replace(rcfg, corpus=corpus)
+        from searchr1.retrieval.factory import build_retriever
+
+        retriever = build_retriever(rcfg)
+    # -- tokenizer and policy
+    from searchr1.models import load_model, load_tokenizer
+
+    model = injected.get("model")
+    tokenizer = injected.get("tokenizer")
+    model_path = cfg.model.path
+    if model is None and model_path == "tiny":
+        texts = _tiny_texts(train_samples, corpus)
+        model_path = str(tiny_model_folder(out_dir, texts, cfg.seed))
+    if tokenizer is None:
+        tokenizer = load_tokenizer(cfg.model.tokenizer or model_path)
+    lora = cfg.model.lora_r > 0
+    if model is None:
+        source = model_path
+        if resume_from is not None and not lora:
+            source = str(resume_from / "model")
+        model = load_model(source, dtype=cfg.model.dtype)
+        base_for_ref = model_path
+    else:
+        base_for_ref = None
+        if resume_from is not None and not lora:
+            model.load_state_dict(_load_hf_weights(resume_from / "model"), strict=False)
+    reference = None
+    if cfg.algorithm.uses_reference and not lora:
+        if (
+            cfg.algorithm.ref_policy == "ema"
+            and resume_from is not None
+            and (resume_from / "reference").is_dir()
+        ):
+            reference = load_model(resume_from / "reference", dtype=cfg.model.dtype)
+        elif resume_from is not None and base_for_ref is not None:
+            reference = load_model(base_for_ref, dtype=cfg.model.dtype)
+        else:
+            reference = copy.deepcopy(model)
+        reference.requires_grad_(False)
+        reference.eval()
+    if lora:
+        model = _apply_lora(model, cfg.model, resume_from)
+    if cfg.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        if lora and hasattr(model, "enable_input_require_grads"):
+            model.enable_input_require_grads()
+        model.config.use_cache = False
+    # -- critic (PPO)
+    critic = None
+    if cfg.algorithm.advantage == "gae":
+        critic = adapters.build_value_model(cfg.model.critic_path or model_path, dtype=cfg.model.dtype)
+        if resume_from is not None and (resume_from / "critic.pt").is_file():
+            critic.load_state_dict(torch.load(resume_from / "critic.pt", map_location="cpu"))
+    # -- reward
+    reward_fn = injected.get("reward_fn") or adapters.build_reward(cfg.reward)
+    return Built(
+        tokenizer=tokenizer,
+        policy=model,
+        reference=reference,
+        critic=critic,
+        retriever=retriever,
+        reward_fn=reward_fn,
+        train_samples=list(train_samples),
+        val_samples=list(val_samples),
+        engine=injected.get("engine"),
+        lora=lora,
+        model_path=str(model_path),
+    )
+
+
+def _tiny_texts(samples: list[Any], corpus: str | None) -> list[str]:
+    from searchr1.data.prompts import SEARCH_R1_INSTRUCTION
+
+    texts = [SEARCH_R1_INSTRUCTION] * 20
+    for i, s in enumerate(samples):
+        meta = adapters.sample_meta(s, i)
+        texts.append(meta["question"] + " " + " ".join(meta["golden_answers"]))
+    if corpus:
+        with open(corpus, encoding="utf-8") as fh:
+            texts.extend(json.loads(line)["contents"] for line in fh if line.strip())
+    return texts
+
+
+def _load_hf_weights(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    sd: dict[str, torch.Tensor] = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        sd.update(load_file(str(f)))
+    return sd
+
+
+def _apply_lora(model: torch.nn.Module, mcfg: Any, resume_from: Path | None) -> torch.nn.Module:
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    if resume_from is not None and (resume_from / "adapter").is_dir():
+        return PeftModel.from_pretrained(model, str(resume_from / "adapter"), is_trainable=True)
+    targets = [t for t in mcfg.lora_targets if any(name.endswith(t) for name, _ in model.named_modules())]
+    if not targets:
+        raise ValueError(
+            f"model.lora_targets: none of {mcfg.lora_targets} names a module of {type(model).__name__}"
+        )
+    config = LoraConfig(
+        r=mcfg.lora_r,
+        lora_alpha=mcfg.lora_alpha,
+        lora_dropout=mcfg.lora_dropout,
+        target_modules=targets,
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)
+
+
+def merged_lora_state_dict(peft_model: Any) -> dict[str, torch.Tensor]:
+    """Base-model state dict with every LoRA delta folded in (W + scale * B A), adapter untouched."""
+    from peft.tuners.lora import LoraLayer
+
+    base = peft_model.get_base_model()
+    deltas: dict[str, torch.Tensor] = {}
+    for name, module in base.named_modules():
+        if isinstance(module, LoraLayer):
+            weight = module.get_base_layer().weight
+            delta = sum(module.get_delta_weight(a) for a in module.active_adapters if a in module.lora_A)
+            deltas[f"{name}.weight"] = (weight.detach() + delta.detach()).cpu()
+    out: dict[str, torch.Tensor] = {}
+    for key, value in base.state_dict().items():
+        if "lora_" in key:
+            continue
+        clean = key.replace(".base_layer.", ".")
+        out[clean] = deltas.get(clean, value.detach().cpu())
+    return out
+
+
+def save_policy(
+    policy: torch.nn.Module,
+    tokenizer: Any,
+    folder: Path,
+    info: DistInfo,
+    lora: bool = False,
+    state_dict: dict[str, torch.Tensor] | None = None,
+) -> None:
+    """``folder/model``: a Hugging Face folder ``from_pretrained`` loads (LoRA merged in);
+    ``folder/adapter``: the LoRA adapter alone (for resuming)."""
+    model = unwrap(policy)
+    target = folder / "model"
+    if lora:
+        model.save_pretrained(str(folder / "adapter"))
+        base = model.get_base_model()
+        base.save_pretrained(str(target), state_dict=merged_lora_state_dict(model), safe_serialization=True)
+    else:
+        sd = (
+            state_dict
+            if state_dict is not None
+            else {k: v.detach().cpu() for k, v in model.state_dict().items()}
+        )
+        model.save_pretrained(str(target), state_dict=sd, safe_serialization=True)
+    tokenizer.save_pretrained(str(target))
+
+
+def save_plain(model: torch.nn.Module, folder: Path, info: DistInfo) -> None:
+    sd = full_state_dict(model, info)
+    unwrap(model).save_pretrained(str(folder), state_dict=sd, safe_serialization=True)

@@ -1,0 +1,152 @@
+"""torch.distributed plumbing: the same entry point alone or under ``torchrun``.
+
+Each rank rolls out its share of the prompts (whole groups), gradients are synchronised by DDP or
+FSDP2 (``fully_shard``), and rank 0 alone logs and writes checkpoints; the full state dict is gathered
+to rank 0 so checkpoints are the same Hugging Face folder whatever the world size.
+
+Loss scaling: DDP and FSDP *average* gradients over ranks, so each rank's micro-batch loss is its
+share of the global aggregate times the world size (see ``searchr1.trainer.loop``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def init_distributed(device: torch.device) -> DistInfo:
+    """Join the process group when launched by torchrun (WORLD_SIZE > 1); a no-op otherwise."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return DistInfo()
+    if not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend=backend)
+    return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        name = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+    device = torch.device(name)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
+
+
+def all_reduce_sum(values: list[float], info: DistInfo, device: torch.device) -> list[float]:
+    """Sum a few scalars over ranks (float64, so counts stay exact)."""
+    if not info.enabled:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=device if device.type == "cuda" else "cpu")
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.tolist()
+
+
+def all_gather_objects(obj: Any, info: DistInfo) -> list[Any]:
+    if not info.enabled:
+        return [obj]
+    out: list[Any] = [None] * info.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(obj: Any, info: DistInfo) -> Any:
+    if not info.enabled:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def barrier(info: DistInfo) -> None:
+    if info.enabled:
+        dist.barrier()
+
+
+def wrap_model(
+    model: torch.nn.Module, info: DistInfo, strategy: str, device: torch.device
+) -> torch.nn.Module:
+    """DDP or FSDP2 around ``model`` when distributed; the model itself otherwise."""
+    if not info.enabled:
+        return model
+    if strategy == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        layers = _decoder_layers(model)
+        for layer in layers:
+            fully_shard(layer)
+        fully_shard(model)
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = [device.index] if device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=ids, find_unused_parameters=False)
+
+
+def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The transformer blocks (each becomes an FSDP unit); found by the usual attribute paths."""
+    for module in model.modules():
+        layers = getattr(module, "layers", None)
+        if isinstance(layers, torch.nn.ModuleList) and len(layers) > 0:
+            return list(layers)
+    return []
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    return getattr(model, "module", model)
+
+
+@contextlib.contextmanager
+def no_sync(model: torch.nn.Module, skip_sync: bool) -> Iterator[None]:
+    """Skip the gradient all-reduce on accumulation micro-batches (DDP / FSDP2)."""
+    if skip_sync and hasattr(model, "no_sync"):
+        with model.no_sync():
+            yield
+        return
+    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
+        model.set_requires_gradient_sync(not skip_sync)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+        return
+    yield
+
+
+def full_state_dict(model: torch.nn.Module, info: DistInfo) -> dict[str, torch.Tensor] | None:
+    """The unsharded state dict on CPU (on rank 0; None elsewhere under FSDP). Collective under FSDP."""
+    inner = unwrap(model)
+    if info.enabled and _is_fsdp(inner):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        sd = get_model_state_dict(inner, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return sd if info.is_main else None
+    return {k: v.detach().cpu() for k, v in inner.state_dict().items()}
+
+
+def _is_fsdp(model: torch.nn.Module) -> bool:
+    return any(type(m).__name__.startswith("FSDP") for m in model.modules())

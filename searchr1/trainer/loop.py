@@ -1,0 +1,684 @@
+"""The training loop: rollout -> rewards -> log-probs -> advantages -> update, with checkpoints.
+
+One step::
+
+    prompts   = sampler.next_batch()                    batch_size prompts (this rank: its share)
+    trajs     = engine.generate(prompt x n)             n trajectories per prompt, groups adjacent
+    rewards   = reward(trajs)                           total + components (logged separately)
+    old, ref  = logprobs(policy), logprobs(reference)   on the trained tokens only
+    values    = critic(trajs)                           PPO (advantage=gae) only
+    A, R      = advantage estimator (registry)           KL folded into the reward if asked
+    update    = PPO epochs x mini-batches x micro-batches (searchr1.trainer.update)
+    schedules, EMA reference, metrics, checkpoint
+
+The reference policy is a frozen copy of the initial weights, an EMA of the policy
+(``algorithm.ref_policy=ema``), or, with LoRA, the base model with the adapter disabled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import math
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from searchr1.algorithms.advantages import compute_advantages
+from searchr1.algorithms.aggregation import masked_mean
+from searchr1.trainer import adapters, checkpoint
+from searchr1.trainer.distributed import (
+    DistInfo,
+    all_gather_objects,
+    all_reduce_sum,
+    barrier,
+    full_state_dict,
+    init_distributed,
+    resolve_device,
+    unwrap,
+    wrap_model,
+)
+from searchr1.trainer.experience import Experience, build_experience
+from searchr1.trainer.schedule import PromptSampler, make_scheduler
+from searchr1.trainer.tracking import MetricsLogger, ProgressBar
+from searchr1.trainer.update import UpdateSettings, run_update
+
+
+class TrainingStopped(RuntimeError):
+    """The run stopped itself (too many non-finite steps in a row); a checkpoint was written."""
+
+
+def _seed_for(*parts: int) -> int:
+    """A 63-bit seed from a few integers (stable across runs and processes)."""
+    h = 1469598103934665603
+    for p in parts:
+        h = ((h ^ (int(p) & 0xFFFFFFFFFFFF)) * 1099511628211) % (2**63 - 1)
+    return h
+
+
+class RLTrainer:
+    """Trains a policy with the algorithm of ``cfg.algorithm`` (PPO/GAE, GRPO, RLOO, REINFORCE(++)).
+
+    Components may be injected (a model, a retriever, a reward function, samples); anything not
+    given is built from the configuration.
+    """
+
+    def __init__(
+        self,
+        cfg: Any,
+        *,
+        model: Any = None,
+        tokenizer: Any = None,
+        retriever: Any = None,
+        reward_fn: Any = None,
+        train_samples: list[Any] | None = None,
+        val_samples: list[Any] | None = None,
+        engine: Any = None,
+    ) -> None:
+        self.cfg = cfg
+        self.tcfg = cfg.trainer
+        self.algo = cfg.algorithm
+        self.out_dir = Path(self.tcfg.out_dir)
+        self.device = resolve_device(self.tcfg.device)
+        self.dist: DistInfo = init_distributed(self.device)
+        self._check_world()
+        self.use_critic = self.algo.advantage == "gae"
+        self.step = 0
+        self.nonfinite_in_a_row = 0
+        self.nonfinite_total = 0
+        self.algo_state: dict[str, Any] = {}
+        self._stop_signal: int | None = None
+        self._injected = dict(
+            model=model,
+            tokenizer=tokenizer,
+            retriever=retriever,
+            reward_fn=reward_fn,
+            train_samples=train_samples,
+            val_samples=val_samples,
+            engine=engine,
+        )
+        self._setup_done = False
+
+    # ------------------------------------------------------------------------------------------
+    # setup
+
+    def _check_world(self) -> None:
+        w = self.dist.world_size
+        for key in ("batch_size", "mini_batch_size"):
+            if getattr(self.tcfg, key) % w:
+                raise ValueError(
+                    f"trainer.{key}={getattr(self.tcfg, key)} is not divisible by the world size {w} "
+                    "(each rank rolls out whole groups)"
+                )
+
+    def setup(self) -> None:
+        """Build (or take) every component, then resume from a checkpoint if one is found."""
+        if self._setup_done:
+            return
+        from searchr1.trainer import components
+
+        torch.manual_seed(self.cfg.seed)
+        resume_from = checkpoint.resolve_resume(self.tcfg.resume, self.out_dir)
+        built = components.build(self.cfg, self._injected, resume_from=resume_from, is_main=self.dist.is_main)
+        self.tokenizer = built.tokenizer
+        self.policy = built.policy.to(self.device)
+        self.reference = built.reference.to(self.device) if built.reference is not None else None
+        self.critic = built.critic.to(self.device) if built.critic is not None else None
+        self.retriever = built.retriever
+        self.reward_fn = built.reward_fn
+        self.train_samples = built.train_samples
+        self.val_samples = built.val_samples
+        self.engine = built.engine or adapters.make_engine(
+            self.cfg, self.policy, self.tokenizer, self.retriever
+        )
+        self.lora = built.lora
+        self.base_model_path = built.model_path
+        if self.tcfg.gradient_checkpointing if hasattr(self.tcfg, "gradient_checkpointing") else False:
+            pass
+        self.actor = wrap_model(
+            adapters.PolicyLogprobs(self.policy), self.dist, self.tcfg.strategy, self.device
+        )
+        trainable = [p for p in self.policy.parameters() if p.requires_grad]
+        betas = tuple(self.tcfg.adam_betas)
+        self.actor_optimizer = torch.optim.AdamW(
+            trainable, lr=self.tcfg.actor_lr, weight_decay=self.tcfg.weight_decay, betas=betas
+        )
+        self.actor_scheduler = make_scheduler(self.actor_optimizer, self.tcfg)
+        self.critic_module = None
+        self.critic_optimizer = None
+        self.critic_scheduler = None
+        if self.critic is not None:
+            self.critic_module = wrap_model(
+                adapters.CriticValues(self.critic), self.dist, self.tcfg.strategy, self.device
+            )
+            self.critic_optimizer = torch.optim.AdamW(
+                [p for p in self.critic.parameters() if p.requires_grad],
+                lr=self.tcfg.critic_lr,
+                weight_decay=self.tcfg.weight_decay,
+                betas=betas,
+            )
+            self.critic_scheduler = make_scheduler(self.critic_optimizer, self.tcfg, critic=True)
+        self.sampler = PromptSampler(
+            len(self.train_samples), self.tcfg.batch_size, self.cfg.seed, self.tcfg.shuffle
+        )
+        self.prompt_cache: dict[int, list[int]] = {}
+        if resume_from is not None:
+            self._load_state(resume_from)
+        self._setup_done = True
+
+    def _load_state(self, path: Path) -> None:
+        state = checkpoint.load_trainer_state(path)
+        self.actor_optimizer.load_state_dict(state["actor_optimizer"])
+        self.actor_scheduler.load_state_dict(state["actor_scheduler"])
+        if self.critic_optimizer is not None and state.get("critic_optimizer") is not None:
+            self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+            self.critic_scheduler.load_state_dict(state["critic_scheduler"])
+        self.sampler.load_state_dict(state["sampler"])
+        self.step = int(state["step"])
+        self.nonfinite_in_a_row = int(state.get("nonfinite_in_a_row", 0))
+        self.nonfinite_total = int(state.get("nonfinite_total", 0))
+        self.algo_state = dict(state.get("algo_state", {}))
+        rng = state["rng"]
+        checkpoint.set_rng_state(
+            rng[self.dist.rank] if isinstance(rng, list) and len(rng) > self.dist.rank else rng
+        )
+        if self.dist.is_main:
+            print(f"resumed from {path} at step {self.step}", file=sys.stderr)
+
+    # ------------------------------------------------------------------------------------------
+    # one step
+
+    def _prompt_ids(self, index: int) -> list[int]:
+        if index not in self.prompt_cache:
+            sample = self.train_samples[index]
+            meta = adapters.sample_meta(sample, index)
+            text = adapters.build_prompt(meta["question"], self.cfg.data.template, self.tokenizer)
+            self.prompt_cache[index] = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return self.prompt_cache[index]
+
+    def rollout(self, indices: list[int], step: int) -> tuple[list[Any], list[int], float]:
+        """This rank's share of ``indices`` rolled out ``n`` times each; groups stay adjacent."""
+        n = self.cfg.rollout.n
+        share = len(indices) // self.dist.world_size
+        mine = indices[self.dist.rank * share : (self.dist.rank + 1) * share]
+        prompt_ids, metas, groups = [], [], []
+        for slot, idx in enumerate(mine):
+            gid = self.dist.rank * share + slot
+            for k in range(n):
+                prompt_ids.append(self._prompt_ids(idx))
+                meta = adapters.sample_meta(self.train_samples[idx], idx)
+                meta.update(group_id=gid, sample_in_group=k)
+                metas.append(meta)
+                groups.append(gid)
+        self.policy.eval()
+        t0 = time.perf_counter()
+        with torch.no_grad(), self._autocast():
+            trajs = adapters.generate(
+                self.engine,
+                prompt_ids,
+                metas,
+                adapters.sampling_params(self.cfg.rollout),
+                seed=_seed_for(self.cfg.seed, step, self.dist.rank),
+            )
+        return trajs, groups, time.perf_counter() - t0
+
+    def _autocast(self):
+        if self.cfg.model.bf16_autocast and self.device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    @torch.no_grad()
+    def _per_token(self, module: Any, exp: Experience, kind: str) -> torch.Tensor:
+        """Log-probs (``kind='logprobs'``) or values over ``exp`` in micro-batches, ``[B, T]`` on CPU."""
+        out = torch.zeros(exp.input_ids.shape, dtype=torch.float32)
+        from searchr1.trainer.experience import micro_batches
+
+        for rows in micro_batches(
+            list(range(len(exp))), exp.seq_lens, self.tcfg.micro_batch_size, self.tcfg.micro_batch_tokens
+        ):
+            mb = exp.select(rows).to(self.device)
+            with self._autocast():
+                if kind == "logprobs":
+                    lp, _ = module(
+                        mb.input_ids,
+                        mb.attention_mask,
+                        target_mask=mb.train_mask,
+                        temperature=self.cfg.rollout.temperature,
+                    )
+                else:
+                    lp = module(mb.input_ids, mb.attention_mask)
+            width = mb.input_ids.shape[1]
+            out[torch.tensor(rows)[:, None], torch.arange(width)[None, :]] = lp.float().cpu()
+        return out
+
+    def _reference_logprobs(self, exp: Experience) -> torch.Tensor:
+        if self.lora:
+            with (
+                unwrap(self.policy).disable_adapter()
+                if hasattr(unwrap(self.policy), "disable_adapter")
+                else contextlib.nullcontext()
+            ):
+                return self._per_token(adapters.PolicyLogprobs(self.policy), exp, "logprobs")
+        return self._per_token(adapters.PolicyLogprobs(self.reference), exp, "logprobs")
+
+    def make_experience(self, trajs: list[Any], groups: list[int]) -> tuple[Experience, dict[str, float]]:
+        """Rewards, old / reference log-probs, values and advantages of a rollout batch."""
+        decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
+        t0 = time.perf_counter()
+        rewards = adapters.score(self.reward_fn, trajs, decode)
+        t_reward = time.perf_counter() - t0
+        exp = build_experience(
+            trajs,
+            [r.total for r in rewards],
+            groups,
+            pad_token_id=self.tokenizer.pad_token_id,
+            mask_observations=self.tcfg.mask_observations,
+        )
+        t0 = time.perf_counter()
+        self.policy.eval()
+        exp.old_logprobs = self._per_token(self.actor, exp, "logprobs")
+        if self.algo.uses_reference:
+            exp.ref_logprobs = self._reference_logprobs(exp)
+        if self.critic_module is not None:
+            self.critic.eval()
+            exp.values = self._per_token(self.critic_module, exp, "values")
+        t_logprob = time.perf_counter() - t0
+        token_rewards = None
+        kl_metric = None
+        if exp.ref_logprobs is not None:
+            kl_mat = adapters.token_kl(exp.old_logprobs, exp.ref_logprobs, self.algo.kl_estimator)
+            kl_metric = float(masked_mean(kl_mat, exp.train_mask))
+            if self.algo.use_kl_in_reward:
+                from searchr1.algorithms.advantages import scores_to_token_rewards
+
+                coef = float(self.algo_state.get("kl_coef", self.algo.kl_coef))
+                token_rewards = (
+                    scores_to_token_rewards(exp.scores, exp.train_mask) - coef * kl_mat * exp.train_mask
+                )
+        adv_in = token_rewards if token_rewards is not None else exp.scores
+        exp.advantages, exp.returns = compute_advantages(
+            adv_in,
+            exp.train_mask,
+            self.algo,
+            group_ids=exp.group_ids,
+            values=exp.values,
+            state=self.algo_state,
+        )
+        metrics = self._rollout_metrics(trajs, rewards, exp)
+        if kl_metric is not None:
+            metrics["rollout/ref_kl"] = kl_metric
+        metrics["timing/reward"] = t_reward
+        metrics["timing/logprobs"] = t_logprob
+        return exp, metrics
+
+    def _rollout_metrics(self, trajs: list[Any], rewards: list[Any], exp: Experience) -> dict[str, float]:
+        """Sums over this rank's trajectories, reduced over ranks, then averaged."""
+        sums: dict[str, float] = {}
+
+        def add(key: str, value: float) -> None:
+            sums[key] = sums.get(key, 0.0) + float(value)
+
+        for traj, rew in zip(trajs, rewards, strict=True):
+            add("reward/mean", rew.total)
+            for name, value in rew.components.items():
+                add(f"reward/{name}", value)
+            add(
+                "reward/em",
+                adapters.answer_metrics(
+                    traj.generated_text_only(self.tokenizer.decode), traj.meta.get("golden_answers", [])
+                )["em"],
+            )
+            add("rollout/searches", traj.searches)
+            add("rollout/turns", traj.turns)
+            add("rollout/invalid_actions", traj.invalid_actions)
+            add("rollout/search_failures", traj.search_failures)
+            add("rollout/obs_truncations", traj.obs_truncations)
+            add("rollout/truncated", float(traj.truncated))
+            add("rollout/response_length", len(traj.response_ids))
+            add("rollout/generated_tokens", traj.num_generated)
+            add("rollout/answered", float(traj.finish_reason == "answer"))
+            add("timing/search_sum", float(traj.timing.get("search", 0.0)))
+            add("_reward_sq", rew.total**2)
+            add("_count", 1.0)
+        names = sorted(sums)
+        reduced = dict(
+            zip(names, all_reduce_sum([sums[k] for k in names], self.dist, self.device), strict=True)
+        )
+        count = max(reduced.pop("_count"), 1.0)
+        out = {k: v / count for k, v in reduced.items() if not k.startswith("_")}
+        out["reward/std"] = math.sqrt(max(reduced["_reward_sq"] / count - out["reward/mean"] ** 2, 0.0))
+        out["rollout/trajectories"] = count
+        out["rollout/search_failures_total"] = reduced["rollout/search_failures"]
+        adv = masked_mean(exp.advantages, exp.train_mask)
+        out["actor/advantage_mean"] = float(adv)
+        return out
+
+    def train_step(self) -> dict[str, float]:
+        step = self.step
+        t_step = time.perf_counter()
+        indices = self.sampler.next_batch()
+        trajs, groups, t_rollout = self.rollout(indices, step)
+        exp, metrics = self.make_experience(trajs, groups)
+        t0 = time.perf_counter()
+        update_actor = step >= self.tcfg.critic_warmup_steps or self.critic is None
+        self.policy.train()
+        if self.critic is not None:
+            self.critic.train()
+        settings = UpdateSettings(
+            ppo_epochs=self.tcfg.ppo_epochs,
+            num_mini_batches=self.tcfg.batch_size // self.tcfg.mini_batch_size,
+            micro_batch_size=self.tcfg.micro_batch_size,
+            micro_batch_tokens=self.tcfg.micro_batch_tokens,
+            grad_clip=self.tcfg.grad_clip,
+            temperature=self.cfg.rollout.temperature,
+            update_actor=update_actor,
+            update_critic=self.critic is not None,
+            seed=_seed_for(self.cfg.seed, step, 7),
+        )
+        upd_metrics, skipped = run_update(
+            exp,
+            actor=self.actor,
+            actor_optimizer=self.actor_optimizer,
+            critic=self.critic_module,
+            critic_optimizer=self.critic_optimizer,
+            algo=self.algo,
+            settings=settings,
+            info=self.dist,
+            device=self.device,
+            bf16_autocast=self.cfg.model.bf16_autocast,
+        )
+        t_update = time.perf_counter() - t0
+        metrics.update(upd_metrics)
+        self.actor_scheduler.step()
+        if self.critic_scheduler is not None:
+            self.critic_scheduler.step()
+        self._after_update(step, metrics)
+        if skipped:
+            self.nonfinite_in_a_row += 1
+            self.nonfinite_total += skipped
+        else:
+            self.nonfinite_in_a_row = 0
+        metrics["train/nonfinite_skipped"] = float(self.nonfinite_total)
+        metrics["actor/lr"] = self.actor_scheduler.get_last_lr()[0]
+        if self.critic_scheduler is not None:
+            metrics["critic/lr"] = self.critic_scheduler.get_last_lr()[0]
+        metrics["actor/kl"] = metrics.get("rollout/ref_kl", 0.0)
+        metrics["actor/updated"] = float(update_actor)
+        metrics["timing/rollout"] = t_rollout
+        metrics["timing/search"] = (
+            metrics.pop("timing/search_sum", 0.0)
+            * metrics.get("rollout/trajectories", 1.0)
+            / max(1.0, metrics.get("rollout/trajectories", 1.0))
+        )
+        metrics["timing/update"] = t_update
+        metrics["timing/step"] = time.perf_counter() - t_step
+        metrics["train/epoch"] = float(self.sampler.epoch)
+        self.step = step + 1
+        self._last_trajs = trajs
+        return metrics
+
+    def _after_update(self, step: int, metrics: dict[str, float]) -> None:
+        """Adaptive KL coefficient and the EMA reference update."""
+        if self.algo.use_kl_in_reward and self.algo.kl_ctrl == "adaptive" and "rollout/ref_kl" in metrics:
+            coef = float(self.algo_state.get("kl_coef", self.algo.kl_coef))
+            current = metrics["rollout/ref_kl"] * metrics.get("rollout/generated_tokens", 1.0)
+            error = max(min(current / self.algo.kl_target - 1.0, 0.2), -0.2)
+            n = metrics.get("rollout/trajectories", 1.0)
+            self.algo_state["kl_coef"] = coef * (1.0 + error * n / self.algo.kl_horizon)
+            metrics["actor/kl_coef"] = self.algo_state["kl_coef"]
+        if (
+            self.reference is not None
+            and self.algo.ref_policy == "ema"
+            and (step + 1) % self.algo.ref_policy_ema_update_period == 0
+        ):
+            tau = self.algo.ref_policy_ema_tau
+            with torch.no_grad():
+                policy_sd = full_state_dict(self.policy, self.dist) if self.dist.enabled else None
+                for name, ref_p in self.reference.named_parameters():
+                    src = (
+                        policy_sd[name]
+                        if policy_sd is not None
+                        else dict(self.policy.named_parameters())[name]
+                    )
+                    ref_p.mul_(tau).add_(src.to(ref_p.device, ref_p.dtype), alpha=1.0 - tau)
+            metrics["actor/ref_ema_updated"] = 1.0
+
+    # ------------------------------------------------------------------------------------------
+    # validation
+
+    @torch.no_grad()
+    def validate(self) -> dict[str, float]:
+        """Greedy rollouts over the validation set: EM / F1 per data source, searches and turns."""
+        samples = self.val_samples or []
+        if self.tcfg.val_max_samples:
+            samples = samples[: self.tcfg.val_max_samples]
+        if not samples:
+            return {}
+        share = math.ceil(len(samples) / self.dist.world_size)
+        mine = list(range(self.dist.rank * share, min(len(samples), (self.dist.rank + 1) * share)))
+        self.policy.eval()
+        rows: list[dict[str, Any]] = []
+        bs = max(1, self.tcfg.batch_size * self.cfg.rollout.n)
+        for start in range(0, len(mine), bs):
+            chunk = mine[start : start + bs]
+            metas = [adapters.sample_meta(samples[i], i) for i in chunk]
+            prompts = [
+                self.tokenizer(
+                    adapters.build_prompt(m["question"], self.cfg.data.template, self.tokenizer),
+                    add_special_tokens=False,
+                )["input_ids"]
+                for m in metas
+            ]
+            with self._autocast():
+                trajs = adapters.generate(
+                    self.engine,
+                    prompts,
+                    metas,
+                    adapters.sampling_params(self.cfg.rollout, greedy=True),
+                    seed=self.cfg.seed,
+                )
+            for traj, meta in zip(trajs, metas, strict=True):
+                m = adapters.answer_metrics(
+                    traj.generated_text_only(self.tokenizer.decode), meta["golden_answers"]
+                )
+                rows.append(
+                    {"source": meta["data_source"], **m, "searches": traj.searches, "turns": traj.turns}
+                )
+        all_rows = [r for part in all_gather_objects(rows, self.dist) for r in part]
+        out: dict[str, float] = {}
+        by_source: dict[str, list[dict[str, Any]]] = {}
+        for r in all_rows:
+            by_source.setdefault(r["source"], []).append(r)
+        for source, rs in sorted(by_source.items()):
+            for key in ("em", "f1", "searches", "turns"):
+                out[f"val/{source}/{key}"] = sum(r[key] for r in rs) / len(rs)
+        for key in ("em", "f1", "searches", "turns"):
+            out[f"val/{key}"] = sum(r[key] for r in all_rows) / max(1, len(all_rows))
+        return out
+
+    # ------------------------------------------------------------------------------------------
+    # checkpoints
+
+    def _write_model(self, folder: Path) -> None:
+        from searchr1.trainer import components
+
+        components.save_policy(self.policy, self.tokenizer, folder, self.dist, lora=self.lora)
+        if self.reference is not None and self.algo.ref_policy == "ema":
+            components.save_plain(self.reference, folder / "reference", self.dist)
+
+    def save(self) -> Path | None:
+        """Write a checkpoint of the current step (all ranks call; rank 0 writes)."""
+        critic_sd = full_state_dict(self.critic, self.dist) if self.critic is not None else None
+        rng = all_gather_objects(checkpoint.rng_state(), self.dist)
+        policy_sd = None
+        if self.dist.enabled:
+            policy_sd = full_state_dict(self.policy, self.dist)
+        path = None
+        if self.dist.is_main:
+            state = {
+                "step": self.step,
+                "actor_optimizer": self.actor_optimizer.state_dict(),
+                "actor_scheduler": self.actor_scheduler.state_dict(),
+                "critic_optimizer": self.critic_optimizer.state_dict() if self.critic_optimizer else None,
+                "critic_scheduler": self.critic_scheduler.state_dict() if self.critic_scheduler else None,
+                "sampler": self.sampler.state_dict(),
+                "rng": rng,
+                "nonfinite_in_a_row": self.nonfinite_in_a_row,
+                "nonfinite_total": self.nonfinite_total,
+                "algo_state": self.algo_state,
+                "world_size": self.dist.world_size,
+            }
+            from searchr1.config import to_dict
+
+            def write(folder: Path) -> None:
+                from searchr1.trainer import components
+
+                components.save_policy(
+                    self.policy, self.tokenizer, folder, self.dist, lora=self.lora, state_dict=policy_sd
+                )
+                if self.reference is not None and self.algo.ref_policy == "ema":
+                    components.save_plain(self.reference, folder / "reference", self.dist)
+
+            path = checkpoint.save_checkpoint(
+                self.out_dir,
+                self.step,
+                write,
+                state,
+                yaml.safe_dump(to_dict(self.cfg), sort_keys=False),
+                critic_state=critic_sd,
+                keep_last=self.tcfg.keep_last,
+            )
+        barrier(self.dist)
+        return path
+
+    # ------------------------------------------------------------------------------------------
+    # the run
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self._stop_signal = signum
+
+    def train(self) -> dict[str, Any]:
+        """Run until ``trainer.total_steps``; returns a summary (last metrics, validation, paths)."""
+        self.setup()
+        is_main = self.dist.is_main
+        from searchr1.config import to_dict
+
+        logger = MetricsLogger(
+            self.out_dir,
+            self.tcfg.log_backends,
+            enabled=is_main,
+            run_config=to_dict(self.cfg),
+            wandb_project=self.tcfg.wandb_project,
+            wandb_mode=self.tcfg.wandb_mode,
+            resume_step=self.step,
+        )
+        if is_main:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            (self.out_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(self.cfg), sort_keys=False))
+        old_handlers = {}
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(ValueError):  # not in the main thread
+                old_handlers[sig] = signal.signal(sig, self._on_signal)
+        bar = ProgressBar(
+            self.tcfg.total_steps, initial=self.step, enabled=is_main and self.tcfg.progress_bar
+        )
+        summary: dict[str, Any] = {"out_dir": str(self.out_dir)}
+        last: dict[str, float] = {}
+        first_val: dict[str, float] = {}
+        try:
+            if self.tcfg.val_before_train and self.step == 0:
+                first_val = self.validate()
+                if first_val:
+                    logger.log(0, first_val)
+            while self.step < self.tcfg.total_steps:
+                metrics = self.train_step()
+                if self.tcfg.val_every and self.step % self.tcfg.val_every == 0:
+                    metrics.update(self.validate())
+                logger.log(self.step, metrics)
+                if is_main:
+                    self._write_trajectories(metrics)
+                bar.update(metrics)
+                last = metrics
+                stop = self._stop_requested()
+                if self.nonfinite_in_a_row >= self.tcfg.max_nonfinite_in_a_row:
+                    self.save()
+                    raise TrainingStopped(
+                        f"stopping at step {self.step}: {self.nonfinite_in_a_row} steps in a row had a non-finite "
+                        f"loss or gradient (trainer.max_nonfinite_in_a_row={self.tcfg.max_nonfinite_in_a_row}); "
+                        f"checkpoint written to {checkpoint.checkpoint_dir(self.out_dir)}. Lower the learning rate "
+                        "or check the data."
+                    )
+                if stop:
+                    path = self.save()
+                    bar.write(f"signal received: checkpoint written at step {self.step} ({path}); stopping")
+                    summary["interrupted"] = True
+                    break
+                if self.tcfg.save_every and self.step % self.tcfg.save_every == 0:
+                    self.save()
+                if is_main and self.tcfg.plot_every and self.step % self.tcfg.plot_every == 0:
+                    self._plots()
+            else:
+                if (
+                    not checkpoint.list_checkpoints(self.out_dir)
+                    or checkpoint.list_checkpoints(self.out_dir)[-1][0] != self.step
+                ):
+                    self.save()
+        finally:
+            bar.close()
+            logger.close()
+            for sig, handler in old_handlers.items():
+                with contextlib.suppress(ValueError, TypeError):
+                    signal.signal(sig, handler)
+        if is_main:
+            summary["plots"] = [str(p) for p in self._plots()]
+        summary.update(step=self.step, last=last, first_val=first_val)
+        latest = checkpoint.latest_checkpoint(self.out_dir)
+        summary["checkpoint"] = str(latest) if latest else None
+        return summary
+
+    def _stop_requested(self) -> bool:
+        (flag,) = all_reduce_sum([1.0 if self._stop_signal is not None else 0.0], self.dist, self.device)
+        return flag > 0
+
+    def _plots(self) -> list[Path]:
+        from searchr1.trainer.plots import write_plots
+
+        try:
+            return write_plots(self.out_dir)
+        except Exception as exc:  # plots never end a run
+            print(f"warning: could not write plots: {exc}", file=sys.stderr)
+            return []
+
+    def _write_trajectories(self, metrics: dict[str, float]) -> None:
+        k = self.tcfg.trajectory_samples
+        if not k or not getattr(self, "_last_trajs", None):
+            return
+        import json
+
+        with (self.out_dir / "trajectories.jsonl").open("a") as fh:
+            for traj in self._last_trajs[:k]:
+                fh.write(
+                    json.dumps(
+                        {
+                            "step": self.step,
+                            "question": traj.meta.get("question"),
+                            "golden_answers": traj.meta.get("golden_answers"),
+                            "response": traj.response_text or self.tokenizer.decode(traj.response_ids),
+                            "searches": traj.searches,
+                            "turns": traj.turns,
+                            "finish_reason": traj.finish_reason,
+                        },
+                        default=str,
+                    )
+                    + "\n"
+                )
+
+
+def dataclass_copy(obj: Any) -> Any:
+    return copy.deepcopy(obj) if dataclasses.is_dataclass(obj) else obj

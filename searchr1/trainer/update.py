@@ -1,0 +1,230 @@
+"""The policy (and critic) update of one rollout batch: PPO epochs over mini-batches, gradient
+accumulation over micro-batches, gradient clipping, skipped non-finite steps.
+
+For each epoch the groups are shuffled (seeded) and cut into mini-batches of whole groups; each
+mini-batch is one optimizer step, accumulated over length-bucketed micro-batches. The loss of a
+micro-batch is normalised by the *mini-batch* counts summed over ranks (``AggNorms``), times the
+world size because DDP/FSDP average gradients, so the step does not depend on how the mini-batch is
+split into micro-batches or ranks:
+
+    L_actor  = agg(pg_loss_t)  +  kl_coef * agg(KL_t)  -  entropy_coef * agg(H_t)
+    L_critic = agg(0.5 * max((V - R)^2, (V_clip - R)^2))
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from searchr1.algorithms.aggregation import AggNorms, agg_loss
+from searchr1.algorithms.config import AlgorithmConfig
+from searchr1.algorithms.policy_losses import compute_policy_loss, value_loss
+from searchr1.trainer import adapters
+from searchr1.trainer.distributed import DistInfo, all_reduce_sum, no_sync
+from searchr1.trainer.experience import Experience, micro_batches, split_groups
+
+
+@dataclass
+class UpdateSettings:
+    ppo_epochs: int
+    num_mini_batches: int
+    micro_batch_size: int
+    micro_batch_tokens: int
+    grad_clip: float
+    temperature: float
+    update_actor: bool
+    update_critic: bool
+    seed: int
+
+
+class MetricSums:
+    """Token- or row-weighted sums of metrics, reduced over ranks at the end."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = defaultdict(float)
+        self.weights: dict[str, float] = defaultdict(float)
+        self.steps = 0
+        """Optimizer steps (mini-batches) so far; the same on every rank."""
+
+    def add_share(self, name: str, value: float | torch.Tensor) -> None:
+        """A micro-batch's share of a mini-batch aggregate (shares add up over micro-batches and ranks)."""
+        v = float(value.detach()) if isinstance(value, torch.Tensor) else float(value)
+        self.sums[name] += v
+        self.weights[name] = -1.0
+
+    def add(self, name: str, value: float | torch.Tensor, weight: float) -> None:
+        v = float(value.detach()) if isinstance(value, torch.Tensor) else float(value)
+        self.sums[name] += v * weight
+        self.weights[name] += weight
+
+    def reduce(self, info: DistInfo, device: torch.device) -> dict[str, float]:
+        names = sorted(self.sums)
+        flat = all_reduce_sum([self.sums[n] for n in names] + [self.weights[n] for n in names], info, device)
+        k = len(names)
+        out = {}
+        for i, n in enumerate(names):
+            if self.weights[n] < 0:  # additive shares: mean over optimizer steps
+                out[n] = flat[i] / max(self.steps, 1)
+            else:
+                out[n] = flat[i] / flat[k + i] if flat[k + i] else 0.0
+        return out
+
+
+def _autocast(device: torch.device, enabled: bool):
+    if enabled and device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return torch.autocast(device.type, enabled=False)
+
+
+def run_update(
+    exp: Experience,
+    *,
+    actor: torch.nn.Module | None,
+    actor_optimizer: torch.optim.Optimizer | None,
+    critic: torch.nn.Module | None,
+    critic_optimizer: torch.optim.Optimizer | None,
+    algo: AlgorithmConfig,
+    settings: UpdateSettings,
+    info: DistInfo,
+    device: torch.device,
+    bf16_autocast: bool = False,
+    reference_logits_fn: Callable[[Experience], Any] | None = None,
+) -> tuple[dict[str, float], int]:
+    """Optimise on ``exp`` (this rank's share). Returns (metrics, number of skipped optimizer steps)."""
+    sums = MetricSums()
+    skipped = 0
+    num_groups = len(dict.fromkeys(exp.group_ids))
+    if num_groups % settings.num_mini_batches:
+        raise ValueError(
+            f"{num_groups} groups on this rank cannot be split into {settings.num_mini_batches} mini-batches"
+        )
+    for epoch in range(settings.ppo_epochs):
+        gen = torch.Generator().manual_seed((settings.seed + 7919 * epoch) % (2**62))
+        order = torch.randperm(num_groups, generator=gen).tolist()
+        for rows in split_groups(exp.group_ids, settings.num_mini_batches, order):
+            mini = exp.select(rows)
+            ok = _optimizer_step(
+                mini,
+                actor=actor if settings.update_actor else None,
+                actor_optimizer=actor_optimizer,
+                critic=critic if settings.update_critic else None,
+                critic_optimizer=critic_optimizer,
+                algo=algo,
+                settings=settings,
+                info=info,
+                device=device,
+                bf16_autocast=bf16_autocast,
+                sums=sums,
+            )
+            skipped += 0 if ok else 1
+    return sums.reduce(info, device), skipped
+
+
+def _optimizer_step(
+    mini: Experience,
+    *,
+    actor: torch.nn.Module | None,
+    actor_optimizer: torch.optim.Optimizer | None,
+    critic: torch.nn.Module | None,
+    critic_optimizer: torch.optim.Optimizer | None,
+    algo: AlgorithmConfig,
+    settings: UpdateSettings,
+    info: DistInfo,
+    device: torch.device,
+    bf16_autocast: bool,
+    sums: MetricSums,
+) -> bool:
+    """One mini-batch: accumulate gradients over micro-batches, clip, step. False if skipped."""
+    mask = mini.train_mask
+    local_tokens = float(mask.sum())
+    local_seqs = float(mask.any(dim=-1).sum())
+    resp_len = float((mini.seq_lens - mini.train_mask.int().argmax(dim=-1)).max()) if len(mini) else 1.0
+    tokens, seqs = all_reduce_sum([local_tokens, local_seqs], info, device)
+    norms = AggNorms(num_tokens=tokens, num_seqs=seqs, seq_len=float(algo.loss_agg_norm_len or resp_len))
+    world = float(info.world_size)
+    mbs = micro_batches(
+        list(range(len(mini))), mini.seq_lens, settings.micro_batch_size, settings.micro_batch_tokens
+    )
+    nonfinite_loss = False
+    for opt in (actor_optimizer, critic_optimizer):
+        if opt is not None:
+            opt.zero_grad(set_to_none=True)
+    for i, rows in enumerate(mbs):
+        mb = mini.select(rows).to(device)
+        last = i == len(mbs) - 1
+        mb_tokens = float(mb.train_mask.sum())
+        if actor is not None:
+            with no_sync(actor, skip_sync=not last), _autocast(device, bf16_autocast):
+                need_entropy = True
+                logprobs, entropy = actor(
+                    mb.input_ids,
+                    mb.attention_mask,
+                    target_mask=mb.train_mask,
+                    temperature=settings.temperature,
+                    return_entropy=need_entropy,
+                )
+                pg_loss, pg_metrics = compute_policy_loss(
+                    logprobs, mb.old_logprobs, mb.advantages, mb.train_mask, algo, norms=norms
+                )
+                loss = pg_loss
+                ent = agg_loss(entropy, mb.train_mask, algo.loss_agg, norms=norms)
+                if algo.entropy_coef:
+                    loss = loss - algo.entropy_coef * ent
+                if algo.use_kl_loss and algo.kl_coef > 0 and mb.ref_logprobs is not None:
+                    kl_mat = adapters.token_kl(logprobs, mb.ref_logprobs, algo.kl_estimator)
+                    kl = agg_loss(kl_mat, mb.train_mask, algo.loss_agg, norms=norms)
+                    loss = loss + algo.kl_coef * kl
+                    sums.add_share("actor/kl_loss", kl)
+                if not torch.isfinite(loss.detach()):
+                    nonfinite_loss = True
+                (loss * world).backward()
+            sums.add_share("actor/pg_loss", pg_loss)
+            sums.add_share("actor/entropy", ent)
+            sums.add_share("actor/loss", loss)
+            for name, value in pg_metrics.items():
+                sums.add(f"actor/{name.removeprefix('pg_')}", value, mb_tokens)
+        if critic is not None:
+            with no_sync(critic, skip_sync=not last), _autocast(device, bf16_autocast):
+                values = critic(mb.input_ids, mb.attention_mask)
+                vf_loss, vf_metrics = value_loss(
+                    values.float(), mb.values, mb.returns, mb.train_mask, config=algo, norms=norms
+                )
+                if not torch.isfinite(vf_loss.detach()):
+                    nonfinite_loss = True
+                (vf_loss * world).backward()
+            sums.add_share("critic/vf_loss", vf_loss)
+            for name, value in vf_metrics.items():
+                sums.add(f"critic/{name.removeprefix('vf_')}", value, mb_tokens)
+    sums.steps += 1
+    ok = True
+    (flag,) = all_reduce_sum([1.0 if nonfinite_loss else 0.0], info, device)
+    for name, model, opt in (("actor", actor, actor_optimizer), ("critic", critic, critic_optimizer)):
+        if model is None or opt is None:
+            continue
+        params = [p for p in model.parameters() if p.requires_grad]
+        if settings.grad_clip > 0:
+            norm = torch.nn.utils.clip_grad_norm_(params, settings.grad_clip)
+        else:
+            norm = torch.nn.utils.clip_grad_norm_(params, float("inf"))
+        norm_value = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        if flag > 0 or not math.isfinite(norm_value):
+            ok = False
+        else:
+            sums.add(f"{name}/grad_norm", norm_value, 1.0)
+    if ok:
+        for opt in (actor_optimizer, critic_optimizer):
+            if (
+                opt is not None
+                and (opt is not actor_optimizer or actor is not None)
+                and (opt is not critic_optimizer or critic is not None)
+            ):
+                opt.step()
+    for opt in (actor_optimizer, critic_optimizer):
+        if opt is not None:
+            opt.zero_grad(set_to_none=True)
+    return ok

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from searchr1.algorithms.config import AlgorithmConfig
-from searchr1.algorithms.logits import chunked_over_sequence, log_probs_from_logits, topk_log_probs
+from searchr1.algorithms.logits import chunked_over_sequence, log_probs_from_logits, topk_log_probs, upcast
 from searchr1.algorithms.registry import get_kl_estimator, register_kl_estimator
 
 Direction = Literal["reverse", "forward"]
@@ -87,7 +87,7 @@ def full_kl_from_logits(
     """
 
     def kl(x: Tensor, y: Tensor) -> Tensor:
-        lp, lr = torch.log_softmax(x.float(), dim=-1), torch.log_softmax(y.float(), dim=-1)
+        lp, lr = torch.log_softmax(upcast(x), dim=-1), torch.log_softmax(upcast(y), dim=-1)
         if direction == "reverse":
             return (lp.exp() * (lp - lr)).sum(dim=-1)
         return (lr.exp() * (lr - lp)).sum(dim=-1)
@@ -125,7 +125,7 @@ def topk_kl(
     and ``sampled_in_topk`` ``[B, T]`` says whether y is in S (all needed only for the tail).
     """
     _check_direction(direction)
-    p, r = topk_log_prob.float(), topk_ref_log_prob.float()
+    p, r = upcast(topk_log_prob), upcast(topk_ref_log_prob)
     if direction == "reverse":
         head = (p.exp() * (p - r)).sum(dim=-1)
     else:

@@ -33,24 +33,29 @@ def chunked_over_sequence(
     return torch.cat(outs, dim=1)
 
 
+def upcast(x: Tensor) -> Tensor:
+    """At least float32 (bf16/fp16 logits are upcast; float64 stays float64)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 def _token_log_probs(logits: Tensor, tokens: Tensor) -> Tensor:
-    x = logits.float()
+    x = upcast(logits)
     return x.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(x, dim=-1)
 
 
 def log_probs_from_logits(logits: Tensor, tokens: Tensor, chunk_size: int | None = None) -> Tensor:
-    """log softmax(logits)[tokens]: ``[B, T, V]``, ``[B, T]`` -> ``[B, T]`` (float32)."""
+    """log softmax(logits)[tokens]: ``[B, T, V]``, ``[B, T]`` -> ``[B, T]`` (at least float32)."""
     return chunked_over_sequence(_token_log_probs, logits, tokens, chunk_size=chunk_size)
 
 
 def _entropy(logits: Tensor) -> Tensor:
-    x = logits.float()
+    x = upcast(logits)
     logp = torch.log_softmax(x, dim=-1)
     return -(logp.exp() * logp).sum(dim=-1)
 
 
 def entropy_from_logits(logits: Tensor, chunk_size: int | None = None) -> Tensor:
-    """Entropy of softmax(logits) per position: H = -sum_v p_v log p_v, ``[B, T]`` (float32)."""
+    """Entropy of softmax(logits) per position: H = -sum_v p_v log p_v, ``[B, T]`` (at least float32)."""
     return chunked_over_sequence(_entropy, logits, chunk_size=chunk_size)
 
 
@@ -72,7 +77,7 @@ def topk_log_probs(
             )
 
     def gather(x: Tensor, idx: Tensor) -> Tensor:
-        x = x.float()
+        x = upcast(x)
         return x.gather(-1, idx) - torch.logsumexp(x, dim=-1, keepdim=True)
 
     return chunked_over_sequence(gather, logits, indices, chunk_size=chunk_size), indices

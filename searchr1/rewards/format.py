@@ -5,7 +5,7 @@ A valid response is
     <think> ... </think> ( <search> ... </search> <information> ... </information> <think> ... </think> )* <answer> ... </answer>
 
 with every tag balanced and nothing but white space outside the tags. Chat-template markers such
-as ``<|im_end|>`` / ``<|endoftext|>`` are ignored, so the same check works for base and instruct
+as ``<|im_end|>`` / ``<|endoftext|>`` / ``</s>`` are ignored, so the same check works for base and instruct
 models. A response carrying the rollout's invalid-action message is invalid (text outside tags).
 """
 
@@ -26,7 +26,7 @@ from searchr1.data.prompts import (
     THINK_OPEN,
 )
 
-_SPECIAL_MARKER = re.compile(r"<\|[^|<>]{1,40}\|>")
+_SPECIAL_MARKER = re.compile(r"<\|[^|<>]{1,40}\|>|</s>|<eos>|<pad>")
 _INFO_CONTENT = re.compile(re.escape(INFO_OPEN) + r".*?" + re.escape(INFO_CLOSE), flags=re.DOTALL)
 _SPLIT = re.compile("(" + "|".join(re.escape(t) for t in TAGS) + ")")
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from searchr1.data.prompts import SEARCH_R1_INSTRUCTION
 from searchr1.rewards import exact_match, extract_answer, f1_score, normalize_answer, sub_exact_match
@@ -72,3 +74,26 @@ def test_f1_score():
     assert f1_score("no", ["no"]) == 1.0
     assert f1_score(None, ["x"]) == 0.0
     assert f1_score("the", ["a"]) == 0.0  # both normalise to nothing
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=40), st.lists(st.text(max_size=20), min_size=1, max_size=3))
+def test_metric_properties(prediction, golden):
+    norm = normalize_answer(prediction)
+    assert normalize_answer(norm) == norm  # idempotent
+    em, sub, f1 = (
+        exact_match(prediction, golden),
+        sub_exact_match(prediction, golden),
+        f1_score(prediction, golden),
+    )
+    assert em in (0.0, 1.0) and sub in (0.0, 1.0) and 0.0 <= f1 <= 1.0
+    if em == 1.0 and norm:
+        assert sub == 1.0 and f1 == 1.0
+    if norm:
+        assert exact_match(prediction, [*golden, prediction]) == 1.0
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(alphabet=st.characters(blacklist_characters="<>"), max_size=30))
+def test_extract_answer_roundtrips_any_text_without_tags(answer):
+    assert extract_answer(f"<think>x</think><answer>{answer}</answer>") == answer.strip()

@@ -162,3 +162,19 @@ def test_bm25_finds_the_needed_passage_in_top3_for_most_single_hop_questions(wor
         q["metadata"]["hops"][0] in {h.title for h in hits} for q, hits in zip(bridges, results, strict=True)
     )
     assert found / len(bridges) >= 0.8, found / len(bridges)
+
+
+def test_output_does_not_depend_on_the_python_hash_seed(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from searchr1.data.synth import SynthConfig, generate_world, write_world; "
+        "write_world(generate_world(SynthConfig(num_entities=60, num_train=80, seed=5)), sys.argv[1])"
+    )
+    for hash_seed in ("1", "12345"):
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        subprocess.run([sys.executable, "-c", code, str(tmp_path / hash_seed)], check=True, env=env)
+    for name in ("corpus.jsonl", "train.jsonl", "val.jsonl", "test.jsonl"):
+        assert (tmp_path / "1" / name).read_bytes() == (tmp_path / "12345" / name).read_bytes(), name

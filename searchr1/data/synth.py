@@ -33,14 +33,70 @@ from typing import Any
 DATA_SOURCE = "synth"
 SPLITS = ("train", "val", "test")
 
-_FIRST_NAMES = ["Alice", "Marek", "Ivo", "Lena", "Tomas", "Greta", "Anya", "Oskar", "Mira", "Felix", "Hana", "Jonas", "Vera", "Emil", "Nora", "Pavel", "Ilse", "Ruben", "Selma", "Karel", "Edith", "Lukas", "Maren", "Viktor", "Agnes", "Bruno", "Clara", "Dorian", "Elsa", "Gideon", "Ines", "Jakob", "Lidia", "Matteo", "Orla", "Pieter", "Rosa", "Stefan", "Tilda", "Ulrich", "Wanda", "Yara"]
+_FIRST_NAMES = [
+    "Alice",
+    "Marek",
+    "Ivo",
+    "Lena",
+    "Tomas",
+    "Greta",
+    "Anya",
+    "Oskar",
+    "Mira",
+    "Felix",
+    "Hana",
+    "Jonas",
+    "Vera",
+    "Emil",
+    "Nora",
+    "Pavel",
+    "Ilse",
+    "Ruben",
+    "Selma",
+    "Karel",
+    "Edith",
+    "Lukas",
+    "Maren",
+    "Viktor",
+    "Agnes",
+    "Bruno",
+    "Clara",
+    "Dorian",
+    "Elsa",
+    "Gideon",
+    "Ines",
+    "Jakob",
+    "Lidia",
+    "Matteo",
+    "Orla",
+    "Pieter",
+    "Rosa",
+    "Stefan",
+    "Tilda",
+    "Ulrich",
+    "Wanda",
+    "Yara",
+]
 _ONSETS = "b br c d dr f g gr h k l m n p pr r s st t tr v z th"
 _ONSETS_L = _ONSETS.split()
 _VOWELS = ["a", "e", "i", "o", "u", "a", "e", "o"]
 _CODAS = ["n", "r", "l", "s", "m", "d", "k", "th", "rn", "ld", "ns"]
 _CITY_SUFFIX = ["vik", "dor", "holm", "mere", "ford", "burg", "stad", "wick", "moor", "haven"]
 _COUNTRY_SUFFIX = ["land", "ia", "mark", "stan"]
-_OCCUPATIONS = ["painter", "poet", "engineer", "architect", "composer", "chemist", "sculptor", "historian", "botanist", "cartographer", "astronomer", "physician"]
+_OCCUPATIONS = [
+    "painter",
+    "poet",
+    "engineer",
+    "architect",
+    "composer",
+    "chemist",
+    "sculptor",
+    "historian",
+    "botanist",
+    "cartographer",
+    "astronomer",
+    "physician",
+]
 _ORG_KINDS = (
     ("Press", "publisher"),
     ("Works", "manufacturer"),
@@ -51,7 +107,18 @@ _ORG_KINDS = (
     ("Foundry", "foundry"),
     ("Company", "trading company"),
 )
-_WORK_NOUNS = ["Garden", "Letters", "Tide", "Lantern", "Winter", "Harbour", "Orchard", "Mirror", "Crossing", "Bell"]
+_WORK_NOUNS = [
+    "Garden",
+    "Letters",
+    "Tide",
+    "Lantern",
+    "Winter",
+    "Harbour",
+    "Orchard",
+    "Mirror",
+    "Crossing",
+    "Bell",
+]
 _WORK_KINDS = ["novel", "poem", "play", "essay"]
 _FILLER = (
     "{n} is mentioned in several regional archives.",
@@ -258,7 +325,22 @@ def _a(word: str) -> str:
     return f"an {word}" if word[0] in "aeiou" else f"a {word}"
 
 
-def _entity_passages(e: Entity, ents: dict[str, Entity], cfg: SynthConfig, rng: random.Random) -> list[str]:
+def _career(ents: dict[str, Entity]) -> dict[str, list[str]]:
+    """person -> sentences about the organisations they founded and the works they wrote."""
+    out: dict[str, list[str]] = {}
+    for other in ents.values():
+        if other.kind == "organisation":
+            p = other.attrs["founder"]
+            out.setdefault(p, []).append(f"{p} founded {other.name} in {other.attrs['founded_year']}.")
+        elif other.kind == "work":
+            p = other.attrs["author"]
+            out.setdefault(p, []).append(f"{p} wrote the {other.attrs['work_kind']} {other.name}.")
+    return out
+
+
+def _entity_passages(
+    e: Entity, career: dict[str, list[str]], cfg: SynthConfig, rng: random.Random
+) -> list[str]:
     a, n = e.attrs, e.name
     extra: list[str] = []
     if e.kind == "country":
@@ -267,11 +349,7 @@ def _entity_passages(e: Entity, ents: dict[str, Entity], cfg: SynthConfig, rng: 
         main = [f"{n} is a city in {a['country']}.", f"{n} has about {a['population']} inhabitants."]
     elif e.kind == "person":
         main = [f"{n} was {_a(a['occupation'])}.", f"{n} was born in {a['birth_city']} in {a['birth_year']}."]
-        for other in ents.values():
-            if other.kind == "organisation" and other.attrs["founder"] == n:
-                extra.append(f"{n} founded {other.name} in {other.attrs['founded_year']}.")
-            if other.kind == "work" and other.attrs["author"] == n:
-                extra.append(f"{n} wrote the {other.attrs['work_kind']} {other.name}.")
+        extra = career.get(n, [])
     elif e.kind == "organisation":
         main = [
             f"{n} is {_a(a['org_kind'])} based in {a['headquarters']}.",
@@ -439,8 +517,9 @@ def generate_world(cfg: SynthConfig | None = None) -> World:
     order = sorted(ents)  # corpus order independent of generation order
     random.Random(cfg.seed + 1).shuffle(order)
     text_rng = random.Random(cfg.seed + 2)
+    career = _career(ents)
     for name in order:
-        for text in _entity_passages(ents[name], ents, cfg, text_rng):
+        for text in _entity_passages(ents[name], career, cfg, text_rng):
             corpus.append({"id": str(len(corpus)), "contents": f'"{name}"\n{text}'})
 
     q_rng = random.Random(cfg.seed + 3)

@@ -30,22 +30,20 @@ def answer_similarity(
     answers: list[str | None], golden: list[list[str]], model_path: str | None = None
 ) -> list[float]:
     """For each answer, max_g cos(e(answer), e(g)) clipped to [0, 1]; 0.0 for a missing / empty answer."""
-    texts: list[str] = []
+    unique: dict[str, int] = {}
     for a, gs in zip(answers, golden, strict=True):
         if a:
-            texts.append(a)
-            texts.extend(gs)
-    if not texts:
+            for t in (a, *gs):
+                unique.setdefault(t, len(unique))
+    if not unique:
         return [0.0] * len(answers)
     encoder = load_encoder(model_path)
-    emb = encoder.encode(texts, normalize_embeddings=True, convert_to_numpy=True, batch_size=64)
-    scores, pos = [], 0
+    emb = encoder.encode(list(unique), normalize_embeddings=True, convert_to_numpy=True, batch_size=64)
+    scores = []
     for a, gs in zip(answers, golden, strict=True):
         if not a:
             scores.append(0.0)
             continue
-        q = emb[pos]
-        sims = [float(q @ emb[pos + 1 + j]) for j in range(len(gs))]
-        pos += 1 + len(gs)
+        sims = [float(emb[unique[a]] @ emb[unique[g]]) for g in gs]
         scores.append(min(1.0, max(0.0, max(sims, default=0.0))))
     return scores

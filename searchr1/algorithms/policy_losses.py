@@ -25,6 +25,11 @@ LOG_RATIO_CLAMP = 20.0
 """|log pi/pi_old| is clamped here before exp (a far off-policy token must not overflow)."""
 
 
+def _zero_masked(x: Tensor, mask: Tensor) -> Tensor:
+    """``x`` with masked positions set to 0 (so padding garbage, even inf, cannot reach a gradient)."""
+    return torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
 def _ratio_metrics(log_ratio: Tensor, mask: Tensor) -> dict[str, Tensor]:
     """ppo_kl = mean(-log r) (k1 of KL(old||new)); approx_kl = mean((r - 1) - log r) (k3)."""
     lr = log_ratio.detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
@@ -75,7 +80,8 @@ def ppo_loss(
     """
     cfg = config or AlgorithmConfig()
     mask = response_mask.bool()
-    log_ratio = (log_prob - old_log_prob).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    advantages = _zero_masked(advantages, mask)
+    log_ratio = _zero_masked(log_prob - old_log_prob, mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     loss_mat, metrics = _clipped_surrogate(torch.exp(log_ratio), advantages, mask, cfg)
     loss = agg_loss(loss_mat, mask, loss_agg or cfg.loss_agg, norms=norms)
     return loss, {**metrics, **_ratio_metrics(log_ratio, mask)}
@@ -103,7 +109,9 @@ def gspo_loss(
     """
     cfg = config or AlgorithmConfig()
     mask = response_mask.bool()
-    token_log_ratio = torch.where(mask, log_prob - old_log_prob, 0.0)
+    advantages = _zero_masked(advantages, mask)
+    log_prob = _zero_masked(log_prob, mask)
+    token_log_ratio = _zero_masked(log_prob - old_log_prob, mask)
     seq_log_ratio = token_log_ratio.sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)
     log_s = log_prob - log_prob.detach() + seq_log_ratio.detach().unsqueeze(-1)
     ratio = torch.exp(log_s.clamp(max=10.0))
@@ -133,8 +141,9 @@ def vanilla_pg_loss(
     """
     cfg = config or AlgorithmConfig()
     mask = response_mask.bool()
-    loss = agg_loss(-advantages * log_prob, mask, loss_agg or cfg.loss_agg, norms=norms)
-    log_ratio = (log_prob - old_log_prob).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    loss_mat = -_zero_masked(advantages, mask) * _zero_masked(log_prob, mask)
+    loss = agg_loss(loss_mat, mask, loss_agg or cfg.loss_agg, norms=norms)
+    log_ratio = _zero_masked(log_prob - old_log_prob, mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     return loss, _ratio_metrics(log_ratio, mask)
 
 
@@ -172,6 +181,7 @@ def value_loss(
     """
     cfg = config or AlgorithmConfig()
     mask = response_mask.bool()
+    values, old_values, returns = (_zero_masked(x, mask) for x in (values, old_values, returns))
     err = (values - returns) ** 2
     if cfg.value_clip > 0:
         clipped = old_values + (values - old_values).clamp(-cfg.value_clip, cfg.value_clip)

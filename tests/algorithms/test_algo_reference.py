@@ -94,7 +94,7 @@ def test_ema_over_a_lora_policy_updates_only_the_adapters():
     assert names and all("lora_" in n for n in names)
     old_ref = {n: p.detach().clone() for n, p in ref.module.named_parameters()}
     with torch.no_grad():
-        for n, p in policy.named_parameters():
+        for p in policy.parameters():
             if p.requires_grad:
                 p.add_(0.5)
     ref.step(policy)

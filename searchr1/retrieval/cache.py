@@ -33,8 +33,11 @@ class CachedRetriever(Retriever):
                     self._entries.move_to_end((q, topk))
                     results[i] = cached
                     self.hits += 1
+                elif q in missing:  # a repeat inside this batch: answered by the same backend row
+                    missing[q].append(i)
+                    self.hits += 1
                 else:
-                    missing.setdefault(q, []).append(i)
+                    missing[q] = [i]
                     self.misses += 1
         if missing:
             fresh = self.inner.search(list(missing), topk)

@@ -53,6 +53,18 @@ def model_label(model: str | None) -> str:
     return DEFAULT_MODEL if resolved == default_model_path() else str(model)
 
 
+def prefixes_for(model_path: str, prompts: dict[str, str]) -> tuple[str, str]:
+    """(query prefix, passage prefix): the model's own non-empty query/passage prompts, else e5's
+    ``query: `` / ``passage: `` when the model name contains e5, else none."""
+    query = prompts.get("query", "")
+    passage = prompts.get("passage", prompts.get("document", ""))
+    if query or passage:
+        return query, passage
+    if "e5" in Path(model_path).name.lower():
+        return "query: ", "passage: "
+    return "", ""
+
+
 class Encoder:
     """Batched sentence embeddings, L2-normalised, with the model's query/passage prefixes."""
 
@@ -72,15 +84,14 @@ class Encoder:
             self.model.half()  # fp16 on GPU
         self.batch_size = batch_size
         self.query_prefix, self.passage_prefix = self._prefixes(path)
-        self.dim = int(self.model.get_sentence_embedding_dimension())
+        get_dim = (
+            getattr(self.model, "get_embedding_dimension", None)
+            or self.model.get_sentence_embedding_dimension
+        )
+        self.dim = int(get_dim())
 
     def _prefixes(self, path: str) -> tuple[str, str]:
-        prompts = getattr(self.model, "prompts", None) or {}
-        if "query" in prompts and ("passage" in prompts or "document" in prompts):
-            return prompts["query"], prompts.get("passage", prompts.get("document", ""))
-        if "e5" in Path(path).name.lower() or "e5" in self.label.lower().split("/")[-1]:
-            return "query: ", "passage: "
-        return "", ""
+        return prefixes_for(path, getattr(self.model, "prompts", None) or {})
 
     def _encode(self, texts: Sequence[str], show_progress: bool) -> np.ndarray:
         vecs = self.model.encode(

@@ -65,3 +65,18 @@ def bm25(docs):
     from searchr1.retrieval.bm25 import BM25Retriever
 
     return BM25Retriever.from_documents(docs)
+
+
+@pytest.fixture(scope="session")
+def encoder():
+    """The real bundled all-MiniLM-L6-v2 encoder (loaded once)."""
+    from searchr1.retrieval.dense import Encoder
+
+    return Encoder(device="cpu", batch_size=64)
+
+
+@pytest.fixture(scope="session")
+def dense(docs, encoder):
+    from searchr1.retrieval.dense import DenseRetriever
+
+    return DenseRetriever.from_documents(docs[:60], encoder=encoder)

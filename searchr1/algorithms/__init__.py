@@ -99,6 +99,7 @@ _EXPORTS = {
     "log_probs_from_logits": "logits",
     "entropy_from_logits": "logits",
     "topk_log_probs": "logits",
+    "topk_log_probs_from_hidden": "logits",
     # kl
     "kl_penalty": "kl",
     "full_kl_from_logits": "kl",

@@ -154,6 +154,7 @@ def gae(
     if values is None:
         raise ValueError("advantage estimator 'gae' needs values (critic values [B, T])")
     cfg = config or AlgorithmConfig()
+    values = _as_float(values)
     r = token_rewards(rewards, response_mask).to(values.dtype)
     mask = response_mask.bool()
     advantages = torch.zeros_like(values)

@@ -81,3 +81,41 @@ def topk_log_probs(
         return x.gather(-1, idx) - torch.logsumexp(x, dim=-1, keepdim=True)
 
     return chunked_over_sequence(gather, logits, indices, chunk_size=chunk_size), indices
+
+
+def topk_log_probs_from_hidden(
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    *,
+    k: int | None = None,
+    indices: Tensor | None = None,
+    temperature: float = 1.0,
+    chunk_size: int | None = 128,
+) -> tuple[Tensor, Tensor]:
+    """:func:`topk_log_probs` of ``logits = (hidden @ weight.T + bias) / temperature``, chunk by chunk.
+
+    ``hidden`` ``[B, T, H]``, ``weight`` ``[V, H]``: the ``[B, T, V]`` logits never exist at once
+    (one chunk's ``[B, chunk, V]`` does, recomputed in the backward pass). This is the memory-
+    efficient path of top-k KL: gather the top-k of pi_old (reverse KL) or of the reference (forward
+    KL) once, then the other models' log-probs at those indices, and call :func:`topk_kl`.
+    """
+
+    def logits_of(h: Tensor) -> Tensor:
+        out = torch.nn.functional.linear(h, weight, bias)
+        return out / temperature if temperature != 1.0 else out
+
+    if indices is None:
+        if not k or k <= 0:
+            raise ValueError("topk_log_probs_from_hidden needs k > 0 or explicit indices")
+        k = min(k, weight.shape[0])
+        with torch.no_grad():
+            indices = chunked_over_sequence(
+                lambda h: logits_of(h).topk(k, dim=-1).indices, hidden.detach(), chunk_size=chunk_size
+            )
+
+    def gather(h: Tensor, idx: Tensor) -> Tensor:
+        x = upcast(logits_of(h))
+        return x.gather(-1, idx) - torch.logsumexp(x, dim=-1, keepdim=True)
+
+    return chunked_over_sequence(gather, hidden, indices, chunk_size=chunk_size), indices

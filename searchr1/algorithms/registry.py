@@ -44,8 +44,11 @@ class Registry(dict[str, Callable[..., Any]]):
 
         return deco
 
-    def get(self, name: str) -> Callable[..., Any]:  # type: ignore[override]
-        """The function registered as ``name``; ``ValueError`` naming the config key if unknown."""
+    def lookup(self, name: str) -> Callable[..., Any]:
+        """The function registered as ``name``; ``ValueError`` naming the config key if unknown.
+
+        (``dict.get`` keeps its usual meaning: ``None`` or a default for an unknown name.)
+        """
         ensure_builtins()
         try:
             return self[name]
@@ -85,19 +88,19 @@ def ensure_builtins() -> None:
 
 def get_advantage_estimator(name: str) -> Callable[..., Any]:
     """The advantage estimator registered as ``name``."""
-    return ADVANTAGE_ESTIMATORS.get(name)
+    return ADVANTAGE_ESTIMATORS.lookup(name)
 
 
 def get_policy_loss(name: str) -> Callable[..., Any]:
     """The policy loss registered as ``name``."""
-    return POLICY_LOSSES.get(name)
+    return POLICY_LOSSES.lookup(name)
 
 
 def get_kl_estimator(name: str) -> Callable[..., Any]:
     """The per-token KL estimator registered as ``name``."""
-    return KL_ESTIMATORS.get(name)
+    return KL_ESTIMATORS.lookup(name)
 
 
 def get_loss_agg(name: str) -> Callable[..., Any]:
     """The loss aggregation registered as ``name``."""
-    return LOSS_AGGREGATIONS.get(name)
+    return LOSS_AGGREGATIONS.lookup(name)

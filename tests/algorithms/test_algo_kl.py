@@ -19,7 +19,12 @@ from searchr1.algorithms.kl import (
     topk_kl,
     vocab_kl,
 )
-from searchr1.algorithms.logits import entropy_from_logits, log_probs_from_logits, topk_log_probs
+from searchr1.algorithms.logits import (
+    entropy_from_logits,
+    log_probs_from_logits,
+    topk_log_probs,
+    topk_log_probs_from_hidden,
+)
 from searchr1.algorithms.registry import KL_ESTIMATORS
 
 LN2 = math.log(2)
@@ -255,3 +260,21 @@ def test_kl_in_reward_and_controllers():
     assert isinstance(built, AdaptiveKLController)
     assert (built.value, built.target, built.horizon) == (0.3, 1.0, 5)
     assert isinstance(build_kl_controller(AlgorithmConfig()), FixedKLController)
+
+
+def test_topk_from_hidden_matches_the_logits_path():
+    torch.manual_seed(11)
+    hidden = torch.randn(2, 5, 4, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(9, 4, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(9, dtype=torch.float64)
+    logits = (hidden @ weight.T + bias) / 0.7
+    ref_vals, ref_idx = topk_log_probs(logits, 3)
+    vals, idx = topk_log_probs_from_hidden(hidden, weight, bias, k=3, temperature=0.7, chunk_size=2)
+    assert torch.equal(idx, ref_idx)
+    torch.testing.assert_close(vals, ref_vals)
+    g_ref = torch.autograd.grad(ref_vals.sum(), (hidden, weight))
+    g = torch.autograd.grad(vals.sum(), (hidden, weight))
+    torch.testing.assert_close(g[0], g_ref[0])
+    torch.testing.assert_close(g[1], g_ref[1])
+    again, _ = topk_log_probs_from_hidden(hidden, weight, bias, indices=idx, temperature=0.7)
+    torch.testing.assert_close(again, ref_vals)

@@ -77,6 +77,7 @@ _FIRST_NAMES = [
     "Wanda",
     "Yara",
 ]
+_FIRST_NAMES_LOWER = frozenset(x.lower() for x in _FIRST_NAMES)
 _ONSETS = "b br c d dr f g gr h k l m n p pr r s st t tr v z th"
 _ONSETS_L = _ONSETS.split()
 _VOWELS = ["a", "e", "i", "o", "u", "a", "e", "o"]
@@ -213,12 +214,17 @@ class _Namer:
     def __init__(self, rng: random.Random) -> None:
         self.rng = rng
         self.used: set[str] = set()
+        self.grow: dict[int, int] = {}  # base syllables -> extra syllables once that length is crowded
 
     def word(self, syllables: int = 2, suffix: str = "") -> str:
-        for _ in range(1000):
-            parts = [self.rng.choice(_ONSETS_L) + self.rng.choice(_VOWELS) for _ in range(syllables)]
+        """A new word; after many collisions (a large world) words grow by a syllable."""
+        for attempt in range(2000):
+            if attempt and attempt % 200 == 0:
+                self.grow[syllables] = self.grow.get(syllables, 0) + 1
+            n = syllables + self.grow.get(syllables, 0)
+            parts = [self.rng.choice(_ONSETS_L) + self.rng.choice(_VOWELS) for _ in range(n)]
             w = ("".join(parts) + (suffix or self.rng.choice(_CODAS))).capitalize()
-            if w not in self.used and w.lower() not in {x.lower() for x in _FIRST_NAMES}:
+            if w not in self.used and w.lower() not in _FIRST_NAMES_LOWER:
                 self.used.add(w)
                 return w
         raise RuntimeError("ran out of invented names; lower num_entities")
@@ -445,9 +451,14 @@ def _candidate_questions(ents: dict[str, Entity], rng: random.Random) -> dict[st
         ("organisation", "founded_year", "Which was founded first, {a} or {b}?"),
     ):
         names = [e.name for e in ents.values() if e.kind == kind]
-        pairs = [(x, y) for i, x in enumerate(names) for y in names[i + 1 :]]
-        rng.shuffle(pairs)
-        for x, y in pairs[: 4 * len(names)]:
+        seen: set[tuple[str, str]] = set()
+        pairs = []
+        for _ in range(4 * len(names)):  # random distinct pairs (not all n^2 of them)
+            x, y = rng.sample(names, 2)
+            if (x, y) not in seen and (y, x) not in seen:
+                seen.add((x, y))
+                pairs.append((x, y))
+        for x, y in pairs:
             yx, yy = ents[x].attrs[key], ents[y].attrs[key]
             if yx == yy:
                 continue

@@ -1,0 +1,25 @@
+"""Fixtures of the rollout tests: the tiny model loaded through the real loading path."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny(tiny_model_dir):
+    """(model, tokenizer) from the tiny Hugging Face folder, fp32, eval mode."""
+    from searchr1.models import load_model, load_tokenizer
+
+    model = load_model(tiny_model_dir, dtype="float32").eval()
+    return model, load_tokenizer(tiny_model_dir)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny-model ops are too small for intra-op threads; on a busy machine their barriers cost 10x."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

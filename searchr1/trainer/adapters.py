@@ -52,27 +52,12 @@ class PolicyLogprobs(nn.Module):
         return out, None  # type: ignore[return-value]
 
 
-def build_value_model(path_or_model: Any, dtype: str = "float32") -> nn.Module:
-    """The PPO critic: a value head on a causal LM (``searchr1.trainer.critic``)."""
-    from searchr1.trainer import critic
+def build_value_model(path: Any, dtype: str = "float32") -> nn.Module:
+    """The PPO critic: a value head on a causal LM's decoder (``searchr1.trainer.critic``);
+    ``values[b, t]`` is the value of the state before token ``t`` (aligned with the log-probs)."""
+    from searchr1.trainer.critic import ValueModel
 
-    return critic.build_critic(path_or_model, dtype=dtype)
-
-
-class CriticValues(nn.Module):
-    """Wraps the critic: ``forward(input_ids, attention_mask) -> values [B, T]`` aligned like the
-    log-probs (``values[b, t]`` is the value of the state before token ``t``)."""
-
-    def __init__(self, critic_model: nn.Module) -> None:
-        super().__init__()
-        self.critic = critic_model
-
-    def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids=None
-    ) -> torch.Tensor:
-        from searchr1.trainer import critic
-
-        return critic.token_values(self.critic, input_ids, attention_mask, position_ids)
+    return ValueModel.from_pretrained(str(path), dtype=dtype)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -151,22 +136,29 @@ def load_samples(paths: Sequence[str]) -> list[Any]:
     return rows
 
 
-def build_prompt(question: str, template: str, tokenizer: Any) -> str:
-    from searchr1.data.prompts import build_prompt as _build
+def prompt_text(sample: Any, template: str, tokenizer: Any) -> str:
+    """The prompt the policy continues (stored chat messages of a parquet row, else the template)."""
+    if hasattr(sample, "prompt"):
+        return sample.prompt(template, tokenizer)
+    from searchr1.data.prompts import build_prompt
 
-    return _build(question, template, tokenizer)
+    return build_prompt(sample_meta(sample, 0)["question"], template, tokenizer)
 
 
 def sample_meta(sample: Any, index: int) -> dict[str, Any]:
     """What travels with a trajectory: question, golden answers, source, ids."""
-    get = sample.get if isinstance(sample, dict) else lambda k, d=None: getattr(sample, k, d)
-    return {
-        "id": get("id", str(index)),
-        "question": get("question", ""),
-        "golden_answers": list(get("golden_answers", []) or []),
-        "data_source": get("data_source", None) or "default",
-        "index": index,
-    }
+    if hasattr(sample, "meta"):
+        meta = dict(sample.meta())
+    else:
+        meta = {
+            "id": sample.get("id", str(index)),
+            "question": sample.get("question", ""),
+            "golden_answers": list(sample.get("golden_answers", []) or []),
+            "data_source": sample.get("data_source"),
+        }
+    meta["data_source"] = meta.get("data_source") or "default"
+    meta["sample_index"] = index
+    return meta
 
 
 def synthetic_world(out_dir: Any, seed: int) -> dict[str, Any]:

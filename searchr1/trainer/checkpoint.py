@@ -4,7 +4,8 @@ Layout of ``<out_dir>/checkpoints/step_000120/``::
 
     model/              Hugging Face folder (safetensors + config + tokenizer): from_pretrained loads it
     adapter/            the LoRA adapter (peft format), only with model.lora_r > 0
-    critic.pt           critic state (PPO), optional
+    critic/             the PPO critic (ValueModel.save_pretrained: decoder folder + value head)
+    reference/          the EMA reference (algorithm.ref_policy=ema), a Hugging Face folder
     trainer_state.pt    optimizer(s), scheduler(s), RNG states, data position, step, counters
     config.yaml         the full run configuration
     COMPLETE            written last

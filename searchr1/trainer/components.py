@@ -154,9 +154,12 @@ def build(cfg: Any, injected: dict[str, Any], resume_from: Path | None, is_main:
     # -- critic (PPO)
     critic = None
     if cfg.algorithm.advantage == "gae":
-        critic = adapters.build_value_model(cfg.model.critic_path or model_path, dtype=cfg.model.dtype)
-        if resume_from is not None and (resume_from / "critic.pt").is_file():
-            critic.load_state_dict(torch.load(resume_from / "critic.pt", map_location="cpu"))
+        source = cfg.model.critic_path or model_path
+        if resume_from is not None and (resume_from / "critic").is_dir():
+            source = str(resume_from / "critic")
+        critic = adapters.build_value_model(source, dtype=cfg.model.dtype)
+        if cfg.model.gradient_checkpointing:
+            critic.gradient_checkpointing_enable()
     # -- reward
     reward_fn = injected.get("reward_fn") or adapters.build_reward(cfg.reward)
     return Built(
@@ -265,3 +268,14 @@ def save_policy(
 def save_plain(model: torch.nn.Module, folder: Path, info: DistInfo) -> None:
     sd = full_state_dict(model, info)
     unwrap(model).save_pretrained(str(folder), state_dict=sd, safe_serialization=True)
+
+
+def save_critic(critic: torch.nn.Module, folder: Path, state_dict: dict[str, torch.Tensor] | None) -> None:
+    """The critic as ``ValueModel.save_pretrained`` writes it (decoder folder + value head)."""
+    model = unwrap(critic)
+    if state_dict is not None:
+        current = model.state_dict()
+        if any(current[k].shape != v.shape for k, v in state_dict.items() if k in current):
+            model = copy.deepcopy(model).to("cpu")  # sharded: write a gathered copy
+            model.load_state_dict(state_dict)
+    model.save_pretrained(folder)

@@ -107,6 +107,8 @@ class TrainerConfig:
     """Show a progress bar with ETA and the key metrics."""
     plot_every: int = 0
     """Write PNG plots every N steps (0 = only at the end)."""
+    plot_at_end: bool = True
+    """Write PNG plots (plots/overview.png, ...) when the run ends."""
     max_nonfinite_in_a_row: int = 5
     """Stop (with a checkpoint) after this many consecutive steps with a non-finite loss or gradient."""
     shuffle: bool = True

@@ -154,9 +154,7 @@ class RLTrainer:
         self.critic_optimizer = None
         self.critic_scheduler = None
         if self.critic is not None:
-            self.critic_module = wrap_model(
-                adapters.CriticValues(self.critic), self.dist, self.tcfg.strategy, self.device
-            )
+            self.critic_module = wrap_model(self.critic, self.dist, self.tcfg.strategy, self.device)
             self.critic_optimizer = torch.optim.AdamW(
                 [p for p in self.critic.parameters() if p.requires_grad],
                 lr=self.tcfg.critic_lr,
@@ -196,9 +194,7 @@ class RLTrainer:
 
     def _prompt_ids(self, index: int) -> list[int]:
         if index not in self.prompt_cache:
-            sample = self.train_samples[index]
-            meta = adapters.sample_meta(sample, index)
-            text = adapters.build_prompt(meta["question"], self.cfg.data.template, self.tokenizer)
+            text = adapters.prompt_text(self.train_samples[index], self.cfg.data.template, self.tokenizer)
             self.prompt_cache[index] = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return self.prompt_cache[index]
 
@@ -252,7 +248,7 @@ class RLTrainer:
                         temperature=self.cfg.rollout.temperature,
                     )
                 else:
-                    lp = module(mb.input_ids, mb.attention_mask)
+                    lp = module(mb.input_ids, mb.attention_mask, target_mask=mb.train_mask)
             width = mb.input_ids.shape[1]
             out[torch.tensor(rows)[:, None], torch.arange(width)[None, :]] = lp.float().cpu()
         return out
@@ -395,6 +391,8 @@ class RLTrainer:
         )
         t_update = time.perf_counter() - t0
         metrics.update(upd_metrics)
+        if update_actor:
+            metrics.setdefault("actor/clipfrac", 0.0)  # losses without a ratio clip nothing
         self.actor_scheduler.step()
         if self.critic_scheduler is not None:
             self.critic_scheduler.step()
@@ -470,10 +468,10 @@ class RLTrainer:
             metas = [adapters.sample_meta(samples[i], i) for i in chunk]
             prompts = [
                 self.tokenizer(
-                    adapters.build_prompt(m["question"], self.cfg.data.template, self.tokenizer),
+                    adapters.prompt_text(samples[i], self.cfg.data.template, self.tokenizer),
                     add_special_tokens=False,
                 )["input_ids"]
-                for m in metas
+                for i in chunk
             ]
             with self._autocast():
                 trajs = adapters.generate(
@@ -505,20 +503,15 @@ class RLTrainer:
     # ------------------------------------------------------------------------------------------
     # checkpoints
 
-    def _write_model(self, folder: Path) -> None:
+    def save(self) -> Path | None:
+        """Write a checkpoint of the current step (every rank calls: gathers are collective;
+        rank 0 writes)."""
+        from searchr1.config import to_dict
         from searchr1.trainer import components
 
-        components.save_policy(self.policy, self.tokenizer, folder, self.dist, lora=self.lora)
-        if self.reference is not None and self.algo.ref_policy == "ema":
-            components.save_plain(self.reference, folder / "reference", self.dist)
-
-    def save(self) -> Path | None:
-        """Write a checkpoint of the current step (all ranks call; rank 0 writes)."""
-        critic_sd = full_state_dict(self.critic, self.dist) if self.critic is not None else None
         rng = all_gather_objects(checkpoint.rng_state(), self.dist)
-        policy_sd = None
-        if self.dist.enabled:
-            policy_sd = full_state_dict(self.policy, self.dist)
+        policy_sd = full_state_dict(self.policy, self.dist) if self.dist.enabled and not self.lora else None
+        critic_sd = full_state_dict(self.critic, self.dist) if self.critic is not None else None
         path = None
         if self.dist.is_main:
             state = {
@@ -534,16 +527,15 @@ class RLTrainer:
                 "algo_state": self.algo_state,
                 "world_size": self.dist.world_size,
             }
-            from searchr1.config import to_dict
 
             def write(folder: Path) -> None:
-                from searchr1.trainer import components
-
                 components.save_policy(
                     self.policy, self.tokenizer, folder, self.dist, lora=self.lora, state_dict=policy_sd
                 )
                 if self.reference is not None and self.algo.ref_policy == "ema":
                     components.save_plain(self.reference, folder / "reference", self.dist)
+                if self.critic is not None:
+                    components.save_critic(self.critic, folder / "critic", critic_sd)
 
             path = checkpoint.save_checkpoint(
                 self.out_dir,
@@ -551,7 +543,6 @@ class RLTrainer:
                 write,
                 state,
                 yaml.safe_dump(to_dict(self.cfg), sort_keys=False),
-                critic_state=critic_sd,
                 keep_last=self.tcfg.keep_last,
             )
         barrier(self.dist)
@@ -635,7 +626,7 @@ class RLTrainer:
             for sig, handler in old_handlers.items():
                 with contextlib.suppress(ValueError, TypeError):
                     signal.signal(sig, handler)
-        if is_main:
+        if is_main and self.tcfg.plot_at_end:
             summary["plots"] = [str(p) for p in self._plots()]
         summary.update(step=self.step, last=last, first_val=first_val)
         latest = checkpoint.latest_checkpoint(self.out_dir)

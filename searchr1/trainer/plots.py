@@ -40,7 +40,7 @@ def _series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
 
 
 def write_plots(run_dir: str | Path) -> list[Path]:
-    """One PNG per panel with data, plus ``overview.png`` with all of them; returns the paths."""
+    """``overview.png`` (every panel with data) plus ``reward.png`` and ``validation.png``; returns the paths."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -58,27 +58,27 @@ def write_plots(run_dir: str | Path) -> list[Path]:
     out = run_dir / "plots"
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, series in panels:
-        fig, ax = plt.subplots(figsize=(5, 3.2))
-        _draw(ax, rows, name, series)
-        fig.tight_layout()
-        path = out / f"{name}.png"
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        written.append(path)
     if panels:
-        cols = 3
+        cols = min(3, len(panels))
         nrows = math.ceil(len(panels) / cols)
-        fig, axes = plt.subplots(nrows, cols, figsize=(5 * cols, 3.2 * nrows), squeeze=False)
+        fig, axes = plt.subplots(nrows, cols, figsize=(4.5 * cols, 3 * nrows), squeeze=False)
         for ax, (name, series) in zip(axes.flat, panels, strict=False):
             _draw(ax, rows, name, series)
         for ax in list(axes.flat)[len(panels) :]:
             ax.axis("off")
         fig.tight_layout()
         path = out / "overview.png"
-        fig.savefig(path, dpi=90)
+        fig.savefig(path, dpi=72)
         plt.close(fig)
         written.append(path)
+        for name, series in panels[:2]:  # reward and validation also on their own
+            fig, ax = plt.subplots(figsize=(5, 3.2))
+            _draw(ax, rows, name, series)
+            fig.tight_layout()
+            path = out / f"{name}.png"
+            fig.savefig(path, dpi=72)
+            plt.close(fig)
+            written.append(path)
     return written
 
 

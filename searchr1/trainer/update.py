@@ -190,7 +190,7 @@ def _optimizer_step(
                 sums.add(f"actor/{name.removeprefix('pg_')}", value, mb_tokens)
         if critic is not None:
             with no_sync(critic, skip_sync=not last), _autocast(device, bf16_autocast):
-                values = critic(mb.input_ids, mb.attention_mask)
+                values = critic(mb.input_ids, mb.attention_mask, target_mask=mb.train_mask)
                 vf_loss, vf_metrics = value_loss(
                     values.float(), mb.values, mb.returns, mb.train_mask, config=algo, norms=norms
                 )

@@ -1,0 +1,110 @@
+"""Helpers of the trainer tests: a tiny world (corpus, questions, short prompt template) and configs
+small enough that a training step takes well under a second on one CPU core.
+
+``token_set_reward`` is the "easy behaviour" of the learning tests: the fraction of the model's own
+generated tokens that fall in a fixed quarter of the vocabulary (ids divisible by 4). A random
+policy scores about 0.25; a policy that learned the behaviour scores more.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from searchr1.rollout.types import Role
+
+CORPUS = [
+    ("Alice Verdan", "Alice Verdan was born in Borvik in 1901. She founded the Quillon Press."),
+    ("Borvik", "Borvik is a city in Tarnland on the river Ost."),
+    ("Quillon Press", "The Quillon Press is a publisher based in Borvik, founded by Alice Verdan."),
+    ("Tarnland", "Tarnland is a country whose capital is Borvik."),
+    ("Ost", "The Ost is a river that flows through Borvik."),
+    ("Mira Lund", "Mira Lund was born in Kessa in 1923 and wrote The Glass Field."),
+]
+QUESTIONS = [
+    ("where was Alice Verdan born", ["Borvik"]),
+    ("who founded the Quillon Press", ["Alice Verdan"]),
+    ("what is the capital of Tarnland", ["Borvik"]),
+    ("which river flows through Borvik", ["Ost"]),
+    ("where was Mira Lund born", ["Kessa"]),
+    ("what did Mira Lund write", ["The Glass Field"]),
+    ("in which country is Borvik", ["Tarnland"]),
+    ("when was Alice Verdan born", ["1901"]),
+]
+
+
+def write_world(folder: Path) -> dict[str, Path]:
+    """corpus.jsonl, train.jsonl, val.jsonl and a one-line prompt template under ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    corpus = folder / "corpus.jsonl"
+    corpus.write_text(
+        "".join(
+            json.dumps({"id": str(i), "contents": f'"{t}"\n{x}'}) + "\n" for i, (t, x) in enumerate(CORPUS)
+        )
+    )
+    rows = [
+        {"id": f"q{i}", "question": q, "golden_answers": a, "metadata": {"data_source": "tiny"}}
+        for i, (q, a) in enumerate(QUESTIONS)
+    ]
+    train = folder / "train.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    val = folder / "val.jsonl"
+    val.write_text("".join(json.dumps(r) + "\n" for r in rows[:4]))
+    template = folder / "template.txt"
+    template.write_text("Question: {question}\n")
+    return {"corpus": corpus, "train": train, "val": val, "template": template}
+
+
+def overrides(world: dict[str, Path], model_dir: Path, out_dir: Path, **extra: Any) -> list[str]:
+    """Dotted overrides of a tiny, fast run (``extra`` uses ``__`` for dots: trainer__total_steps=3)."""
+    base: dict[str, Any] = {
+        "model.path": str(model_dir),
+        "data.train_files": [str(world["train"])],
+        "data.val_files": [str(world["val"])],
+        "data.template": str(world["template"]),
+        "retrieval.backend": "bm25",
+        "retrieval.corpus": str(world["corpus"]),
+        "retrieval.topk": 1,
+        "rollout.n": 2,
+        "rollout.max_turns": 1,
+        "rollout.max_turn_tokens": 6,
+        "rollout.max_obs_tokens": 12,
+        "rollout.max_response_tokens": 40,
+        "rollout.search_workers": 1,
+        "reward.components": {"exact_match": 1.0},
+        "algorithm.advantage": "grpo",
+        "trainer.total_steps": 2,
+        "trainer.batch_size": 2,
+        "trainer.mini_batch_size": 2,
+        "trainer.micro_batch_size": 4,
+        "trainer.actor_lr": 1e-3,
+        "trainer.save_every": 0,
+        "trainer.val_every": 0,
+        "trainer.progress_bar": False,
+        "trainer.log_backends": ["jsonl"],
+        "trainer.trajectory_samples": 0,
+        "trainer.plot_at_end": False,
+        "trainer.device": "cpu",
+        "trainer.out_dir": str(out_dir),
+    }
+    base.update({k.replace("__", "."): v for k, v in extra.items()})
+    return [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in base.items()]
+
+
+def load(world: dict[str, Path], model_dir: Path, out_dir: Path, **extra: Any) -> Any:
+    from searchr1.config import load_config
+
+    return load_config(None, overrides(world, model_dir, out_dir, **extra))
+
+
+def token_set_reward(ctx: Any) -> float:
+    """Fraction of generated tokens whose id is divisible by 4 (a user reward: ``module:function``)."""
+    traj = ctx.trajectory
+    ids = [t for t, r in zip(traj.response_ids, traj.roles, strict=True) if r == Role.GENERATED]
+    return sum(1 for t in ids if t % 4 == 0) / max(1, len(ids))
+
+
+def read_metrics(out_dir: Path) -> list[dict[str, Any]]:
+    path = Path(out_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

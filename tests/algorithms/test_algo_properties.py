@@ -13,7 +13,9 @@ from searchr1.algorithms.config import AlgorithmConfig
 from searchr1.algorithms.registry import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES, ensure_builtins
 
 ensure_builtins()
-SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=30, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)  # derandomize: the same examples on every run (seeded, reproducible in CI)
 MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 OUTCOME = ["grpo", "rloo", "reinforce", "reinforce_plus_plus_baseline"]
 GROUPED = ["grpo", "rloo"]  # per-group baselines only (the ++ variants whiten over the batch)

@@ -81,6 +81,22 @@ class Tokenizer:
         return out
 
 
+def build_bm25_model(docs: Iterable[Document], params: BM25Params):
+    """A ``bm25s.BM25`` index of streamed documents (title + text); only token ids are kept in memory."""
+    import bm25s
+
+    tok = Tokenizer(params.stemmer, params.stopwords)
+    vocab: dict[str, int] = {}
+    corpus_ids = [[vocab.setdefault(t, len(vocab)) for t in tok(f"{d.title} {d.text}")] for d in docs]
+    if not corpus_ids:
+        raise ValueError("cannot build a BM25 index from an empty corpus")
+    if not vocab:
+        vocab["\x00"] = 0  # a corpus of stop words only: keep bm25s happy, nothing will match
+    model = bm25s.BM25(k1=params.k1, b=params.b, method=params.method)
+    model.index((corpus_ids, vocab), show_progress=False)
+    return model
+
+
 class BM25Retriever(Retriever):
     """BM25 over a ``bm25s`` index and a document store."""
 
@@ -104,16 +120,9 @@ class BM25Retriever(Retriever):
         cls, docs: Iterable[Document], params: BM25Params | None = None, **overrides
     ) -> BM25Retriever:
         """Index documents in memory (nothing is written to disk)."""
-        import bm25s
-
         params = params or BM25Params(**overrides)
         store = DocStore(list(docs))
-        if len(store) == 0:
-            raise ValueError("cannot build a BM25 index from an empty corpus")
-        tok = Tokenizer(params.stemmer, params.stopwords)
-        model = bm25s.BM25(k1=params.k1, b=params.b, method=params.method)
-        model.index([tok(d.title + " " + d.text) for d in store._docs], show_progress=False)
-        return cls(model, store, params)
+        return cls(build_bm25_model(store._docs, params), store, params)
 
     @classmethod
     def from_corpus(cls, path: str | Path, chunk_size: int | None = None, overlap: int = 0, **overrides):

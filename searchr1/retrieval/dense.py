@@ -114,6 +114,27 @@ class Encoder:
         return self._encode(texts, show_progress)
 
 
+def encode_stream(
+    encoder: Encoder, docs: Iterable[Document], chunk: int = 4096, show_progress: bool = True
+) -> np.ndarray:
+    """Embed streamed passages ``chunk`` at a time (progress bar in passages); returns (n, dim) float32."""
+    from tqdm import tqdm
+
+    parts: list[np.ndarray] = []
+    buffer: list[Document] = []
+    with tqdm(desc="encoding passages", unit="passage", disable=not show_progress) as bar:
+        for doc in docs:
+            buffer.append(doc)
+            if len(buffer) == chunk:
+                parts.append(encoder.encode_passages(buffer))
+                bar.update(len(buffer))
+                buffer = []
+        if buffer:
+            parts.append(encoder.encode_passages(buffer))
+            bar.update(len(buffer))
+    return np.concatenate(parts) if parts else np.zeros((0, encoder.dim), dtype=np.float32)
+
+
 def build_faiss_index(
     vectors: np.ndarray,
     kind: str = "flat",

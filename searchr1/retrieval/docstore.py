@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import mmap
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -37,20 +37,42 @@ class DocStore:
     @staticmethod
     def write(docs: Iterable[Document], folder: str | Path) -> int:
         """Write documents to ``folder``; returns how many were written."""
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        offsets = [0]
-        with (folder / DOCS_FILE).open("wb") as fh:
-            for d in docs:
-                line = json.dumps([d.id, d.title, d.text], ensure_ascii=False).encode("utf-8") + b"\n"
-                fh.write(line)
-                offsets.append(offsets[-1] + len(line))
-        np.save(folder / OFFSETS_FILE, np.asarray(offsets, dtype=np.int64))
-        return len(offsets) - 1
+        writer = DocStoreWriter(folder)
+        for _ in writer.passing(docs):
+            pass
+        return writer.close()
 
     @staticmethod
     def open(folder: str | Path) -> MappedDocStore:
         return MappedDocStore(folder)
+
+
+class DocStoreWriter:
+    """Writes documents as they stream by (``passing``), so a corpus is read once and never held whole."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._fh = (self.folder / DOCS_FILE).open("wb")
+        self._offsets = [0]
+
+    def add(self, d: Document) -> None:
+        line = json.dumps([d.id, d.title, d.text], ensure_ascii=False).encode("utf-8") + b"\n"
+        self._fh.write(line)
+        self._offsets.append(self._offsets[-1] + len(line))
+
+    def passing(self, docs: Iterable[Document]) -> Iterator[Document]:
+        """Yield ``docs`` unchanged, writing each one."""
+        for d in docs:
+            self.add(d)
+            yield d
+
+    def close(self) -> int:
+        """Finish the files; returns the document count."""
+        if not self._fh.closed:
+            self._fh.close()
+            np.save(self.folder / OFFSETS_FILE, np.asarray(self._offsets, dtype=np.int64))
+        return len(self._offsets) - 1
 
 
 class MappedDocStore(DocStore):

@@ -18,7 +18,7 @@ from typing import Any
 
 from searchr1.retrieval.base import Retriever
 from searchr1.retrieval.corpus import file_sha256, read_corpus
-from searchr1.retrieval.docstore import DocStore
+from searchr1.retrieval.docstore import DocStore, DocStoreWriter
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -84,34 +84,44 @@ def build_index(
     if retriever not in ("bm25", "dense"):
         raise ValueError(f"index build supports retriever bm25 or dense, not {retriever!r}")
     reader = read_corpus(corpus, chunk_size, overlap, skip_bad_lines)
-    docs = list(reader)
-    if not docs:
-        raise ValueError(f"corpus {corpus} holds no documents")
     out.mkdir(parents=True, exist_ok=True)
-    params: dict[str, Any] = {}
+    (out / MANIFEST).unlink(missing_ok=True)  # a failed rebuild must not leave an old manifest behind
+    writer = DocStoreWriter(out)  # the corpus is read once, passages written as they stream by
     model_name = None
-    if retriever == "bm25":
-        from searchr1.retrieval.bm25 import BM25Params, BM25Retriever
+    try:
+        if retriever == "bm25":
+            from searchr1.retrieval.bm25 import BM25Params, BM25Retriever, build_bm25_model
 
-        bm = BM25Retriever.from_documents(docs, BM25Params(**(bm25 or {})))
-        bm.save(out)
-        params = asdict(bm.params)
-    else:
-        from searchr1.retrieval.dense import DenseRetriever, Encoder
+            bm25_params = BM25Params(**(bm25 or {}))
+            bm25_model = build_bm25_model(writer.passing(reader), bm25_params)
+            BM25Retriever(bm25_model, DocStore([]), bm25_params).save(out)
+            params: dict[str, Any] = asdict(bm25_params)
+        else:
+            from searchr1.retrieval.dense import (
+                DenseParams,
+                DenseRetriever,
+                Encoder,
+                build_faiss_index,
+                encode_stream,
+            )
 
-        encoder = Encoder(model, device=device, batch_size=batch_size)
-        dense = DenseRetriever.from_documents(
-            docs, encoder=encoder, index_type=index_type, show_progress=show_progress
-        )
-        dense.save(out)
-        params = asdict(dense.params)
-        model_name = encoder.label
-    DocStore.write(docs, out)
+            encoder = Encoder(model, device=device, batch_size=batch_size)
+            vectors = encode_stream(encoder, writer.passing(reader), show_progress=show_progress)
+            if len(vectors) == 0:
+                raise ValueError(f"corpus {corpus} holds no documents")
+            dense_params = DenseParams(encoder.label, index_type, encoder.dim)
+            DenseRetriever(encoder, build_faiss_index(vectors, index_type), DocStore([]), dense_params).save(
+                out
+            )
+            params = asdict(dense_params)
+            model_name = encoder.label
+    finally:
+        count = writer.close()
     manifest = Manifest(
         retriever=retriever,
         corpus=str(Path(corpus).resolve()),
         corpus_sha256=file_sha256(corpus),
-        num_documents=len(docs),
+        num_documents=count,
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         model=model_name,
         params=params,

@@ -16,7 +16,8 @@ backward pass, which recomputes each chunk's logits and applies
     d lp_i  / d z_i = onehot(x_i) - p_i
     d ent_i / d z_i = -p_i * (z_i - sum_v p_iv z_iv)
 
-so neither pass ever holds more than one ``[chunk_size, V]`` block of logits (Liger-kernel style
+so neither pass ever holds more than one ``[chunk_size, V]`` float32 block of logits (two with
+the entropy), by working in place on it (the idea of Liger-kernel's fused linear cross-entropy,
 fused linear + cross-entropy, written in plain torch). Heads that are not a plain ``nn.Linear``
 (a LoRA-wrapped ``lm_head``, soft-capped or scaled logits) take a generic path that runs the head
 module per chunk under ``torch.utils.checkpoint``: the same memory bound, autograd does the rest.
@@ -40,8 +41,14 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-DEFAULT_CHUNK_SIZE = 1024
-"""Rows of the LM head computed at once: a ``[chunk_size, V]`` float32 block (128 MiB at V=32k)."""
+CHUNK_ELEMENTS = 2**24
+"""Default chunk: ``CHUNK_ELEMENTS // V`` rows (a 64 MiB float32 block: 512 rows at V = 32k,
+110 at V = 152k), clamped to [16, 4096]."""
+
+
+def default_chunk_size(vocab_size: int) -> int:
+    return max(16, min(4096, CHUNK_ELEMENTS // max(1, vocab_size)))
+
 
 FLASH_IMPLEMENTATIONS = ("flash_attention_2", "flash_attention_3", "flash_attention")
 
@@ -187,7 +194,11 @@ def final_hidden_states(
 
 
 class _FusedLinearLogprob(torch.autograd.Function):
-    """``(h [N, H], W [V, H], b [V] | None, targets [N]) -> (logprob [N], entropy [N])``, chunked."""
+    """``(h [N, H], W [V, H], b [V] | None, targets [N]) -> (logprob [N], entropy [N])``, chunked.
+
+    Per chunk, the forward holds one ``[c, V]`` float32 block (two with the entropy) and the
+    backward the same, by working in place: ``z -> z - lse = log p -> p -> dL/dz``.
+    """
 
     @staticmethod
     def forward(  # type: ignore[override]
@@ -207,22 +218,33 @@ class _FusedLinearLogprob(torch.autograd.Function):
         for s in range(0, n, chunk_size):
             e = min(s + chunk_size, n)
             z = _chunk_logits(hidden[s:e], weight, bias, temperature)
-            lse_c = torch.logsumexp(z, dim=-1)
-            lse[s:e] = lse_c
-            logprob[s:e] = z.gather(1, targets[s:e, None]).squeeze(1) - lse_c
+            picked = z.gather(1, targets[s:e, None]).squeeze(1)
+            zmax = z.amax(dim=-1, keepdim=True)
+            z.sub_(zmax)  # z' = z - max
             if with_entropy:
-                p = torch.exp(z - lse_c[:, None])
-                entropy[s:e] = lse_c - (p * z).sum(-1)
-        ctx.save_for_backward(hidden, weight, bias, targets, lse)
-        ctx.temperature, ctx.chunk_size, ctx.with_entropy = temperature, chunk_size, with_entropy
+                ez = torch.exp(z)
+                total = ez.sum(-1)
+                weighted = ez.mul_(z).sum(-1)  # sum_v e^{z'} z'
+                del ez
+                entropy[s:e] = total.log() - weighted / total
+            else:
+                total = z.exp_().sum(-1)
+            del z
+            lse_c = zmax.squeeze(1) + total.log()
+            lse[s:e] = lse_c
+            logprob[s:e] = picked - lse_c
+        ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy.clone())
+        ctx.temperature, ctx.chunk_size = temperature, chunk_size
         return logprob, entropy
 
     @staticmethod
     def backward(ctx: Any, grad_logprob: torch.Tensor | None, grad_entropy: torch.Tensor | None):  # type: ignore[override]
-        hidden, weight, bias, targets, lse = ctx.saved_tensors
+        hidden, weight, bias, targets, lse, entropy = ctx.saved_tensors
         temperature, chunk_size = ctx.temperature, ctx.chunk_size
-        use_entropy = ctx.with_entropy and grad_entropy is not None
+        use_entropy = grad_entropy is not None and entropy.numel() > 0
         need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+        if grad_logprob is None and not use_entropy:
+            return None, None, None, None, None, None, None
         n = hidden.shape[0]
         grad_h = torch.empty_like(hidden) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
@@ -230,24 +252,33 @@ class _FusedLinearLogprob(torch.autograd.Function):
         for s in range(0, n, chunk_size):
             e = min(s + chunk_size, n)
             h = hidden[s:e]
-            z = _chunk_logits(h, weight, bias, temperature)
-            p = torch.exp_(z - lse[s:e, None])  # softmax; z is still needed for the entropy term
-            g = torch.zeros_like(z)
+            g = _chunk_logits(h, weight, bias, temperature).sub_(lse[s:e, None])  # log p
+            if use_entropy:  # d ent / d z = -p (log p + ent)
+                p = torch.exp(g)
+                g.add_(entropy[s:e, None]).mul_(p).mul_(-grad_entropy[s:e, None])
+                if grad_logprob is not None:
+                    g.sub_(p.mul_(grad_logprob[s:e, None]))
+                del p
+            else:  # d lp / d z = onehot - p, times the incoming gradient
+                g.exp_().mul_(-grad_logprob[s:e, None])
             if grad_logprob is not None:
-                g_lp = grad_logprob[s:e, None]
-                g.sub_(p * g_lp).scatter_add_(1, targets[s:e, None], g_lp)
-            if use_entropy:
-                mean_z = (p * z).sum(-1, keepdim=True)
-                g.sub_(p * (z - mean_z) * grad_entropy[s:e, None])
-            del z, p
-            g.div_(temperature)
-            g_low = g.to(hidden.dtype)
-            if need_h:
-                grad_h[s:e] = g_low @ weight
-            if need_w:  # accumulated in float32 across chunks
-                grad_w.add_((g_low.t() @ h).float())
+                g.scatter_add_(1, targets[s:e, None], grad_logprob[s:e, None].float())
+            if temperature != 1.0:
+                g.div_(temperature)
             if need_b:
                 grad_b.add_(g.sum(0))
+            if hidden.dtype == torch.float32:
+                if need_h:
+                    torch.mm(g, weight, out=grad_h[s:e])
+                if need_w:  # accumulated in float32 across chunks
+                    grad_w.addmm_(g.t(), h)
+            else:
+                g_low = g.to(hidden.dtype)
+                del g
+                if need_h:
+                    grad_h[s:e] = g_low @ weight
+                if need_w:
+                    grad_w.add_(g_low.t() @ h)
         return (
             grad_h,
             grad_w.to(weight.dtype) if need_w else None,
@@ -262,9 +293,11 @@ class _FusedLinearLogprob(torch.autograd.Function):
 def _chunk_logits(
     h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float
 ) -> torch.Tensor:
-    z = F.linear(h, weight, bias).float()
+    """A fresh float32 ``[c, V]`` block of ``(h W^T + b) / temperature`` (safe to modify in place)."""
+    z = F.linear(h, weight, bias)
+    z = z.float() if z.dtype != torch.float32 else z
     if temperature != 1.0:
-        z = z / temperature
+        z.div_(temperature)
     return z
 
 
@@ -288,7 +321,7 @@ def chunked_head_logprobs(
     targets: torch.Tensor,
     *,
     head_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    chunk_size: int | None = None,
     temperature: float = 1.0,
     return_entropy: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -297,6 +330,9 @@ def chunked_head_logprobs(
     A plain ``nn.Linear`` head without ``head_fn`` takes the fused autograd function; anything else
     runs ``head_fn`` (default: the head module) per chunk under ``torch.utils.checkpoint``.
     """
+    if chunk_size is None:
+        weight = getattr(head, "weight", None)
+        chunk_size = default_chunk_size(weight.shape[0] if isinstance(weight, torch.Tensor) else 32768)
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     if temperature <= 0:
@@ -337,7 +373,7 @@ def token_logprobs(
     attention_mask: torch.Tensor | None,
     position_ids: torch.Tensor | None = None,
     *,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    chunk_size: int | None = None,
     temperature: float = 1.0,
     return_entropy: bool = False,
     target_mask: torch.Tensor | None = None,
@@ -349,7 +385,8 @@ def token_logprobs(
     ``attention_mask`` is the 2D padding mask (1 = real token). ``position_ids`` restarting at 0
     inside a row mark packed sequences. ``temperature`` divides the logits (match the sampler's).
     ``target_mask`` (``[B, T]`` bool) restricts the computation further, e.g. to the generated
-    tokens: the LM head then runs only there (prompt tokens are free).
+    tokens: the LM head then runs only there (prompt tokens are free). ``chunk_size`` rows of the
+    LM head are computed at once (default ``default_chunk_size(V)``: a 64 MiB float32 block).
     """
     hidden = final_hidden_states(model, input_ids, attention_mask, position_ids)
     valid = valid_target_mask(input_ids, attention_mask, position_ids)

@@ -180,6 +180,26 @@ def test_fused_path_with_bias_matches_reference() -> None:
         torch.testing.assert_close(a, b, **TOL)
 
 
+def test_bfloat16_head_matches_reference() -> None:
+    """Low-precision weights: logits in bf16, softmax in float32 (like the reference), gradients
+    accumulated in float32 across chunks."""
+    torch.manual_seed(5)
+    hidden = torch.randn(40, 16).bfloat16().requires_grad_()
+    head = nn.Linear(16, 300, bias=False).bfloat16()
+    targets = torch.randint(0, 300, (40,))
+    lp, ent = chunked_head_logprobs(hidden, head, targets, chunk_size=7, return_entropy=True)
+    (lp.sum() + ent.sum()).backward()
+    ours = (hidden.grad.clone(), head.weight.grad.clone())
+    hidden.grad = head.weight.grad = None
+    logp = torch.log_softmax(head(hidden).float(), -1)
+    ref_lp = logp.gather(1, targets[:, None]).squeeze(1)
+    (ref_lp.sum() - (logp.exp() * logp).sum()).backward()
+    torch.testing.assert_close(lp, ref_lp, atol=1e-5, rtol=1e-5)  # same bf16 logits, same float32 math
+    assert lp.dtype == torch.float32 and ours[0].dtype == torch.bfloat16
+    for a, b in zip(ours, (hidden.grad, head.weight.grad), strict=True):
+        torch.testing.assert_close(a.float(), b.float(), atol=2e-2, rtol=2e-2)
+
+
 @pytest.mark.parametrize("lora_on_head", [False, True])
 def test_peft_lora_model(lora_on_head: bool) -> None:
     from peft import LoraConfig, get_peft_model

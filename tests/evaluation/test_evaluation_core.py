@@ -40,12 +40,21 @@ class ScriptBySample(ScriptedTurns):
     Forward passes are real; only the tag and content positions are forced, so the searches go
     through BM25, observations are masked, and the answers are scored like any model's."""
 
+    def __init__(self, tokenizer, fixed_index: int | None = None):
+        super().__init__(tokenizer)
+        self.fixed_index = fixed_index
+        """Act as sample ``fixed_index`` for every row (for callers whose metas carry other indices)."""
+
     def plan(self, row):
         key = (row.index, row.turn)
         if key in self._plans:
             return self._plans[key]
         i = row.index
-        _, title, _, _, answer, _ = next(w for w in WORLD if w[3] == row.meta["question"])
+        _, title, _, _, answer, _ = (
+            WORLD[i]
+            if self.fixed_index is not None
+            else next(w for w in WORLD if w[3] == row.meta["question"])
+        )
         enc = lambda text: self.tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
         think = self.tag_ids[THINK_OPEN] + [FREE] * 3 + self.tag_ids[THINK_CLOSE]
         if row.turn < i % 3:
@@ -60,7 +69,15 @@ class ScriptBySample(ScriptedTurns):
 
     def __call__(self, rows, logits):
         # key plans by sample index (unique across batches), mark every row as scripted
-        rows = [SteerRow(int(r.meta["index"]), {**r.meta, "script": True}, r.turn, r.turn_ids) for r in rows]
+        rows = [
+            SteerRow(
+                int(r.meta["index"]) if self.fixed_index is None else self.fixed_index,
+                {**r.meta, "script": True},
+                r.turn,
+                r.turn_ids,
+            )
+            for r in rows
+        ]
         return super().__call__(rows, logits)
 
 

@@ -1,0 +1,250 @@
+"""`searchr1 eval`, `searchr1 ask`, `searchr1 report` from the command line, and the Agent API."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from searchr1.cli import main
+
+TINY_LIMITS = ["--max-turns", "1", "--max-turn-tokens", "6"]
+
+
+def run_cli(argv, capsys):
+    code = main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_eval_command_writes_summary_and_table(tiny_model_dir, world_files, tmp_path, capsys):
+    out = tmp_path / "ev"
+    argv = [
+        "eval",
+        "--model",
+        tiny_model_dir,
+        "--data",
+        world_files["synth"],
+        "--data",
+        world_files["nq"],
+        "--corpus",
+        world_files["corpus"],
+        "--mode",
+        "agent",
+        "--out",
+        out,
+        "--batch-size",
+        "4",
+        *TINY_LIMITS,
+    ]
+    code, stdout, _ = run_cli(argv, capsys)
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["sources"]) == {"synth", "nq"} and summary["overall"]["n"] == 6
+    assert summary["settings"]["model"] == str(tiny_model_dir)
+    lines = [x.split() for x in stdout.splitlines()]
+    assert ["source", "n", "EM", "subEM", "F1", "searches", "turns", "valid", "trunc"] in lines
+    assert any(row[:2] == ["synth", "3"] for row in lines) and any(row[:2] == ["all", "6"] for row in lines)
+    assert len((out / "trajectories.jsonl").read_text().splitlines()) == 6
+
+    # a second run into the same folder has nothing left to do and reports the same numbers
+    code, stdout2, _ = run_cli([*argv, "--json"], capsys)
+    assert code == 0 and json.loads(stdout2) == summary
+
+
+def test_eval_direct_needs_no_search_backend_and_agent_does(tiny_model_dir, world_files, tmp_path, capsys):
+    base = ["eval", "--model", tiny_model_dir, "--data", world_files["nq"], "--limit", "2", *TINY_LIMITS]
+    code, _, _ = run_cli([*base, "--mode", "direct", "--out", tmp_path / "d"], capsys)
+    assert code == 0
+    assert json.loads((tmp_path / "d" / "summary.json").read_text())["overall"]["n"] == 2
+    code, _, err = run_cli([*base, "--mode", "rag", "--out", tmp_path / "r"], capsys)
+    assert code == 2 and "--index" in err and not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("broken", ["model", "data", "index", "corpus", "model_file"])
+def test_missing_inputs_fail_before_any_work_naming_the_path(
+    broken, tiny_model_dir, world_files, tmp_path, capsys
+):
+    missing = tmp_path / "does-not-exist"
+    model, data, search = (
+        str(tiny_model_dir),
+        str(world_files["nq"]),
+        ["--corpus", str(world_files["corpus"])],
+    )
+    if broken == "model":
+        model = str(missing)
+    elif broken == "model_file":
+        model = str(world_files["nq"])  # a file, not a model folder
+    elif broken == "data":
+        data = str(missing)
+    elif broken == "index":
+        search = ["--index", str(missing)]
+    elif broken == "corpus":
+        search = ["--corpus", str(missing)]
+    out = tmp_path / "out"
+    code, _, err = run_cli(["eval", "--model", model, "--data", data, *search, "--out", out], capsys)
+    assert code == 2
+    named = model if broken.startswith("model") else str(missing)
+    assert named in err and "Traceback" not in err
+    assert not out.exists(), "nothing may be written before the inputs are checked"
+
+
+def test_unreadable_data_file_is_named(tiny_model_dir, world_files, tmp_path, capsys):
+    if os.geteuid() == 0:
+        pytest.skip("root reads any file: an unreadable file cannot be made")
+    bad = tmp_path / "locked.jsonl"
+    bad.write_text(world_files["nq"].read_text())
+    bad.chmod(0)
+    code, _, err = run_cli(["eval", "--model", tiny_model_dir, "--data", bad, "--mode", "direct"], capsys)
+    assert code == 2 and str(bad) in err and "not readable" in err
+
+
+def test_malformed_data_line_is_named(tiny_model_dir, tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "question": "q?", "golden_answers": ["x"]}\n{"id": "b", "question": \n')
+    code, _, err = run_cli(
+        ["eval", "--model", tiny_model_dir, "--data", bad, "--mode", "direct", "--out", tmp_path / "o"],
+        capsys,
+    )
+    assert code == 2 and str(bad) in err and "2" in err and not (tmp_path / "o").exists()
+
+
+def test_ask_json(tiny_model_dir, world_files, capsys):
+    code, stdout, _ = run_cli(
+        [
+            "ask",
+            "Where was Alice Verdan born?",
+            "--model",
+            tiny_model_dir,
+            "--corpus",
+            world_files["corpus"],
+            "--json",
+            *TINY_LIMITS,
+        ],
+        capsys,
+    )
+    assert code == 0
+    (line,) = stdout.strip().splitlines()
+    result = json.loads(line)
+    assert result["question"] == "Where was Alice Verdan born?"
+    assert set(result) >= {"answer", "searches", "queries", "hits", "segments", "valid_format"}
+    assert result["searches"] == len(result["queries"]) == len(result["hits"])
+    assert result["segments"][0]["role"] == "prompt" and "Alice Verdan" in result["segments"][0]["text"]
+
+
+def test_agent_api_shows_searches_and_hits(tiny_model_dir, world_files):
+    from evalworld import WORLD
+    from test_evaluation_core import ScriptBySample
+
+    from searchr1 import Agent
+    from searchr1.models import load_model, load_tokenizer
+
+    tok = load_tokenizer(tiny_model_dir)
+    model = load_model(tiny_model_dir)
+    question = WORLD[2][3]  # sample index 2 of the script: two searches, then the golden answer
+    steer = ScriptBySample(tok, fixed_index=2)
+    with Agent(
+        model, str(world_files["corpus"]), tokenizer=tok, max_turns=3, max_turn_tokens=32, steer=steer
+    ) as agent:
+        events = []
+        result = agent.ask(question, on_event=events.append)
+    assert result.answer == WORLD[2][4] and result.queries == ["Ivo Marsk", "Ivo Marsk"]
+    kinds = [e.kind for e in events]
+    assert kinds == ["text", "search", "text", "search", "text", "answer"]
+    assert events[1].text == "Ivo Marsk" and events[1].hits[0]["title"] == "Ivo Marsk"
+    assert events[-1].text == WORLD[2][4]
+    assert result.trajectory.searches == 2
+
+
+def _read_until(fd: int, needle: bytes, timeout: float) -> bytes:
+    buf = b""
+    deadline = time.monotonic() + timeout
+    while needle not in buf and time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        if ready:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            buf += chunk
+    return buf
+
+
+def test_ask_prompt_loop_under_a_pseudo_terminal(tiny_model_dir, world_files):
+    """Without a question `ask` reads questions at a prompt on a terminal and exits on Ctrl-D."""
+    leader, follower = pty.openpty()
+    env = {**os.environ, "NO_COLOR": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "searchr1.cli",
+            "ask",
+            "--model",
+            str(tiny_model_dir),
+            "--corpus",
+            str(world_files["corpus"]),
+            *TINY_LIMITS,
+        ],
+        stdin=follower,
+        stdout=follower,
+        stderr=follower,  # the line-editing prompt goes to stderr (as in the Python REPL)
+        env=env,
+        close_fds=True,
+    )
+    os.close(follower)
+    try:
+        seen = _read_until(leader, b"question> ", 120)
+        assert b"question> " in seen
+        os.write(leader, b"Where was Alice Verdan born?\n")
+        seen = _read_until(leader, b"question> ", 120)
+        assert b"answer:" in seen
+        os.write(leader, b"\x04")  # Ctrl-D
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(leader)
+
+
+def test_report_command_names_a_folder_without_results(tmp_path, capsys):
+    code, _, err = run_cli(["report", tmp_path], capsys)
+    assert code == 2 and str(tmp_path) in err and "metrics.jsonl" in err
+    code, _, err = run_cli(["report", tmp_path / "nope"], capsys)
+    assert code == 2 and "not found" in err
+
+
+def test_report_command_on_an_eval_folder(tiny_model_dir, world_files, tmp_path, capsys):
+    out = tmp_path / "ev"
+    code, _, _ = run_cli(
+        [
+            "eval",
+            "--model",
+            tiny_model_dir,
+            "--data",
+            world_files["nq"],
+            "--mode",
+            "direct",
+            "--out",
+            out,
+            *TINY_LIMITS,
+        ],
+        capsys,
+    )
+    assert code == 0
+    code, stdout, _ = run_cli(["report", out, "--out", tmp_path / "r.html"], capsys)
+    assert code == 0 and str(tmp_path / "r.html") in stdout
+    page = (tmp_path / "r.html").read_text()
+    assert "Where was Ivo Marsk born" not in page  # the nq file only
+    assert "In which country is Tarnholm" in page and "mode: direct" in page
+    assert Path(tmp_path / "r.html").stat().st_size > 5000

@@ -189,3 +189,38 @@ def test_bad_samples_are_named() -> None:
     with pytest.raises(ValueError, match="micro-batch is"):
         mbs = make_micro_batches([{"input_ids": [1, 2]}], 8)
         scatter_to_samples(mbs, [torch.zeros(1, 5)])
+
+
+def test_packed_attention_arguments_per_kernel() -> None:
+    """sdpa gets a boolean block-diagonal causal mask, eager an additive one, flash-attention only
+    the restarting position_ids (its varlen kernel reads the boundaries from them)."""
+    from types import SimpleNamespace
+
+    from searchr1.trainer.logprobs import attention_kwargs, packed_causal_mask
+
+    pos = torch.tensor([[0, 1, 2, 0, 1, 0, 0]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1, 0]])  # last column: padding
+    allowed = packed_causal_mask(pos, mask)[0]
+    seg = [0, 0, 0, 1, 1, 2, -1]
+    for q in range(7):
+        for k in range(7):
+            expected = k <= q and seg[q] == seg[k] and (seg[k] >= 0 or k == q)
+            assert bool(allowed[q, k]) == expected, (q, k)
+
+    def stub(impl: str) -> nn.Module:
+        m = nn.Linear(1, 1)
+        m.config = SimpleNamespace(_attn_implementation=impl)
+        return m
+
+    sdpa = attention_kwargs(stub("sdpa"), mask, pos)
+    assert sdpa["attention_mask"].dtype == torch.bool and sdpa["attention_mask"].shape == (1, 1, 7, 7)
+    eager = attention_kwargs(stub("eager"), mask, pos)["attention_mask"]
+    assert (
+        eager.dtype == torch.float32
+        and (eager[0, 0][allowed] == 0).all()
+        and (eager[0, 0][~allowed] < -1e30).all()
+    )
+    flash = attention_kwargs(stub("flash_attention_2"), mask, pos)
+    assert flash["attention_mask"] is None and flash["position_ids"] is pos
+    unpacked = torch.arange(7)[None]
+    assert attention_kwargs(stub("sdpa"), mask, unpacked)["attention_mask"] is mask

@@ -36,7 +36,10 @@ class PolicyLogprobs(nn.Module):
         target_mask: torch.Tensor | None = None,
         temperature: float = 1.0,
         return_entropy: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return_logits: bool = False,
+    ) -> Any:
+        if return_logits:
+            return self._with_logits(input_ids, attention_mask, position_ids, target_mask, temperature)
         out = token_logprobs(
             self.model,
             input_ids,
@@ -48,8 +51,35 @@ class PolicyLogprobs(nn.Module):
             target_mask=target_mask,
         )
         if return_entropy:
-            return out  # type: ignore[return-value]
-        return out, None  # type: ignore[return-value]
+            return out
+        return out, None
+
+    def _with_logits(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor | None,
+        target_mask: torch.Tensor | None,
+        temperature: float,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(logprobs [B, T], entropy [B, T], logits [N, V] float32 at the N valid target positions,
+        valid [B, T]) - for a KL over the vocabulary (``algorithm.kl_loss_type=full_*``). Holds the
+        ``[N, V]`` logits of the trained tokens of one micro-batch: keep micro-batches small."""
+        from searchr1.trainer.logprobs import final_hidden_states, lm_head_function, valid_target_mask
+
+        hidden = final_hidden_states(self.model, input_ids, attention_mask, position_ids)
+        valid = valid_target_mask(input_ids, attention_mask, position_ids)
+        if target_mask is not None:
+            valid &= target_mask.bool()
+        rows = hidden[:, :-1][valid[:, 1:]]
+        targets = input_ids[:, 1:][valid[:, 1:]]
+        head, head_fn = lm_head_function(self.model)
+        logits = (head_fn or head)(rows).float() / temperature
+        logp = torch.log_softmax(logits, dim=-1)
+        lp = logp.gather(1, targets[:, None]).squeeze(1)
+        ent = -(logp.exp() * logp).sum(-1)
+        scatter = lambda v: v.new_zeros(valid.shape).masked_scatter(valid, v)  # noqa: E731
+        return scatter(lp), scatter(ent), logits, valid
 
 
 def build_value_model(path: Any, dtype: str = "float32") -> nn.Module:
@@ -66,9 +96,36 @@ def build_value_model(path: Any, dtype: str = "float32") -> nn.Module:
 
 def token_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
     """Per-token KL estimate ``[B, T]`` (``algorithm.kl_estimator``) from the algorithms registry."""
-    from searchr1.algorithms.registry import get_kl_estimator
+    from searchr1.algorithms.kl import kl_penalty
 
-    return get_kl_estimator(estimator)(logprobs, ref_logprobs)
+    return kl_penalty(logprobs, ref_logprobs, estimator)
+
+
+def vocab_kl_matrix(
+    algo: Any,
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    logits: torch.Tensor,
+    ref_logits: torch.Tensor,
+    input_ids: torch.Tensor,
+    valid: torch.Tensor,
+) -> torch.Tensor:
+    """``[B, T]`` KL over the vocabulary (full or top-k, ``algorithm.kl_loss_type``) at the valid
+    positions, from the ``[N, V]`` logits of policy and reference there."""
+    from searchr1.algorithms.kl import kl_loss_matrix
+
+    tokens = input_ids[valid]
+    kl_rows = kl_loss_matrix(
+        algo,
+        log_prob=logprobs[valid][None],
+        ref_log_prob=ref_logprobs[valid][None],
+        old_log_prob=old_logprobs[valid][None],
+        logits=logits[None],
+        ref_logits=ref_logits[None],
+        tokens=tokens[None],
+    )[0]
+    return kl_rows.new_zeros(valid.shape).masked_scatter(valid, kl_rows)
 
 
 # ----------------------------------------------------------------------------------------------

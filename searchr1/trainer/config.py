@@ -43,6 +43,12 @@ class ModelConfig:
             raise ValueError(f"model.lora_r must be >= 0, got {self.lora_r}")
         if self.lora_r > 0 and not self.lora_targets:
             raise ValueError("model.lora_targets must name at least one module when model.lora_r > 0")
+        algo = getattr(root, "algorithm", None)
+        if self.lora_r > 0 and getattr(algo, "ref_policy", "frozen") == "ema":
+            raise ValueError(
+                "algorithm.ref_policy=ema with model.lora_r > 0: with LoRA the reference is the base model "
+                "with the adapter disabled (use ref_policy=frozen, or full fine-tuning for an EMA reference)"
+            )
 
 
 @dataclass

@@ -137,12 +137,20 @@ def no_sync(model: torch.nn.Module, skip_sync: bool) -> Iterator[None]:
     yield
 
 
-def full_state_dict(model: torch.nn.Module, info: DistInfo) -> dict[str, torch.Tensor] | None:
-    """The unsharded state dict on CPU (on rank 0; None elsewhere under FSDP). Collective under FSDP."""
+def full_state_dict(
+    model: torch.nn.Module, info: DistInfo, all_ranks: bool = False
+) -> dict[str, torch.Tensor] | None:
+    """The unsharded state dict on CPU: on rank 0 (None elsewhere under FSDP), or on every rank with
+    ``all_ranks``. Collective under FSDP."""
     inner = unwrap(model)
     if info.enabled and _is_fsdp(inner):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+        if all_ranks:
+            sd = get_model_state_dict(
+                inner, options=StateDictOptions(full_state_dict=True, cpu_offload=False)
+            )
+            return {k: v.detach().cpu() for k, v in sd.items()}
         sd = get_model_state_dict(inner, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return sd if info.is_main else None
     return {k: v.detach().cpu() for k, v in inner.state_dict().items()}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -84,6 +85,62 @@ class Experience:
             returns=mv(self.returns),
             extras={k: mv(v) for k, v in self.extras.items()},
         )
+
+
+def concat_experiences(parts: Sequence[Experience]) -> Experience:
+    """Rows of several experiences in order, right-padded to the widest (pad id 0, masks 0)."""
+    parts = [p for p in parts if len(p)]
+    width = max(p.input_ids.shape[1] for p in parts)
+
+    def cat(name: str) -> torch.Tensor | None:
+        ts = [getattr(p, name) for p in parts]
+        if any(t is None for t in ts):
+            return None
+        return torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1])) for t in ts])
+
+    extras = {}
+    for key in parts[0].extras:
+        ts = [p.extras[key] for p in parts]
+        extras[key] = torch.cat(
+            ts if ts[0].dim() == 1 else [torch.nn.functional.pad(t, (0, width - t.shape[1])) for t in ts]
+        )
+    return Experience(
+        input_ids=cat("input_ids"),
+        attention_mask=cat("attention_mask"),
+        train_mask=cat("train_mask"),
+        gen_mask=cat("gen_mask"),
+        group_ids=[g for p in parts for g in p.group_ids],
+        scores=torch.cat([p.scores for p in parts]),
+        seq_lens=torch.cat([p.seq_lens for p in parts]),
+        old_logprobs=cat("old_logprobs"),
+        ref_logprobs=cat("ref_logprobs"),
+        values=cat("values"),
+        advantages=cat("advantages"),
+        returns=cat("returns"),
+        extras=extras,
+    )
+
+
+def gather_experience(exp: Experience, info: Any) -> Experience:
+    """Every rank's experience on every rank (rank order): advantages that whiten or average over the
+    batch, and mini-batches of whole groups, are then the same whatever the world size."""
+    if not info.enabled:
+        return exp
+    from searchr1.trainer.distributed import all_gather_objects
+
+    return concat_experiences(all_gather_objects(exp, info))
+
+
+def rank_share(rows: Sequence[int], group_ids: Sequence[int], rank: int, world: int) -> list[int]:
+    """This rank's part of a mini-batch: an equal number of whole groups per rank."""
+    groups: dict[int, list[int]] = {}
+    for r in rows:
+        groups.setdefault(group_ids[r], []).append(r)
+    keys = list(groups)
+    if len(keys) % world:
+        raise ValueError(f"a mini-batch of {len(keys)} groups cannot be shared by {world} ranks")
+    per = len(keys) // world
+    return [r for g in keys[rank * per : (rank + 1) * per] for r in groups[g]]
 
 
 def build_experience(

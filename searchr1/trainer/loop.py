@@ -44,7 +44,7 @@ from searchr1.trainer.distributed import (
     unwrap,
     wrap_model,
 )
-from searchr1.trainer.experience import Experience, build_experience
+from searchr1.trainer.experience import Experience, build_experience, gather_experience
 from searchr1.trainer.schedule import PromptSampler, make_scheduler
 from searchr1.trainer.tracking import MetricsLogger, ProgressBar
 from searchr1.trainer.update import UpdateSettings, run_update
@@ -139,8 +139,6 @@ class RLTrainer:
         )
         self.lora = built.lora
         self.base_model_path = built.model_path
-        if self.tcfg.gradient_checkpointing if hasattr(self.tcfg, "gradient_checkpointing") else False:
-            pass
         self.actor = wrap_model(
             adapters.PolicyLogprobs(self.policy), self.dist, self.tcfg.strategy, self.device
         )
@@ -253,15 +251,31 @@ class RLTrainer:
             out[torch.tensor(rows)[:, None], torch.arange(width)[None, :]] = lp.float().cpu()
         return out
 
+    def _reference_context(self):
+        """With LoRA the reference is the base model: the policy with its adapter disabled."""
+        inner = unwrap(self.policy)
+        if self.lora and hasattr(inner, "disable_adapter"):
+            return inner.disable_adapter()
+        return contextlib.nullcontext()
+
+    @torch.no_grad()
+    def _reference_logits(self, mb: Experience) -> torch.Tensor:
+        """``[N, V]`` reference logits at the trained positions of a micro-batch (vocabulary KL)."""
+        model = self.policy if self.lora else self.reference
+        with self._reference_context():
+            _, _, logits, _ = adapters.PolicyLogprobs(model)(
+                mb.input_ids,
+                mb.attention_mask,
+                target_mask=mb.train_mask,
+                temperature=self.cfg.rollout.temperature,
+                return_logits=True,
+            )
+        return logits
+
     def _reference_logprobs(self, exp: Experience) -> torch.Tensor:
-        if self.lora:
-            with (
-                unwrap(self.policy).disable_adapter()
-                if hasattr(unwrap(self.policy), "disable_adapter")
-                else contextlib.nullcontext()
-            ):
-                return self._per_token(adapters.PolicyLogprobs(self.policy), exp, "logprobs")
-        return self._per_token(adapters.PolicyLogprobs(self.reference), exp, "logprobs")
+        model = self.policy if self.lora else self.reference
+        with self._reference_context():
+            return self._per_token(adapters.PolicyLogprobs(model), exp, "logprobs")
 
     def make_experience(self, trajs: list[Any], groups: list[int]) -> tuple[Experience, dict[str, float]]:
         """Rewards, old / reference log-probs, values and advantages of a rollout batch."""
@@ -285,6 +299,7 @@ class RLTrainer:
             self.critic.eval()
             exp.values = self._per_token(self.critic_module, exp, "values")
         t_logprob = time.perf_counter() - t0
+        exp = gather_experience(exp, self.dist)
         token_rewards = None
         kl_metric = None
         if exp.ref_logprobs is not None:
@@ -388,6 +403,7 @@ class RLTrainer:
             info=self.dist,
             device=self.device,
             bf16_autocast=self.cfg.model.bf16_autocast,
+            reference_logits_fn=self._reference_logits if self.algo.kl_loss_type != "token" else None,
         )
         t_update = time.perf_counter() - t0
         metrics.update(upd_metrics)
@@ -435,16 +451,15 @@ class RLTrainer:
             and self.algo.ref_policy == "ema"
             and (step + 1) % self.algo.ref_policy_ema_update_period == 0
         ):
-            tau = self.algo.ref_policy_ema_tau
-            with torch.no_grad():
-                policy_sd = full_state_dict(self.policy, self.dist) if self.dist.enabled else None
-                for name, ref_p in self.reference.named_parameters():
-                    src = (
-                        policy_sd[name]
-                        if policy_sd is not None
-                        else dict(self.policy.named_parameters())[name]
-                    )
-                    ref_p.mul_(tau).add_(src.to(ref_p.device, ref_p.dtype), alpha=1.0 - tau)
+            from searchr1.algorithms.reference import ema_update_
+
+            source = unwrap(self.policy)
+            if self.dist.enabled and self.tcfg.strategy == "fsdp":  # sharded policy: gather first
+                source = copy.deepcopy(self.reference)
+                source.load_state_dict(
+                    full_state_dict(self.policy, self.dist, all_ranks=True) or {}, strict=False
+                )
+            ema_update_(self.reference, source, self.algo.ref_policy_ema_tau, only_trainable=False)
             metrics["actor/ref_ema_updated"] = 1.0
 
     # ------------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from searchr1.algorithms.config import AlgorithmConfig
 from searchr1.algorithms.policy_losses import compute_policy_loss, value_loss
 from searchr1.trainer import adapters
 from searchr1.trainer.distributed import DistInfo, all_reduce_sum, no_sync
-from searchr1.trainer.experience import Experience, micro_batches, split_groups
+from searchr1.trainer.experience import Experience, micro_batches, rank_share, split_groups
 
 
 @dataclass
@@ -95,19 +95,19 @@ def run_update(
     bf16_autocast: bool = False,
     reference_logits_fn: Callable[[Experience], Any] | None = None,
 ) -> tuple[dict[str, float], int]:
-    """Optimise on ``exp`` (this rank's share). Returns (metrics, number of skipped optimizer steps)."""
+    """Optimise on the global batch ``exp`` (each rank trains on its share of every mini-batch).
+
+    Returns (metrics, number of skipped optimizer steps)."""
     sums = MetricSums()
     skipped = 0
     num_groups = len(dict.fromkeys(exp.group_ids))
     if num_groups % settings.num_mini_batches:
-        raise ValueError(
-            f"{num_groups} groups on this rank cannot be split into {settings.num_mini_batches} mini-batches"
-        )
+        raise ValueError(f"{num_groups} groups cannot be split into {settings.num_mini_batches} mini-batches")
     for epoch in range(settings.ppo_epochs):
         gen = torch.Generator().manual_seed((settings.seed + 7919 * epoch) % (2**62))
         order = torch.randperm(num_groups, generator=gen).tolist()
         for rows in split_groups(exp.group_ids, settings.num_mini_batches, order):
-            mini = exp.select(rows)
+            mini = exp.select(rank_share(rows, exp.group_ids, info.rank, info.world_size))
             ok = _optimizer_step(
                 mini,
                 actor=actor if settings.update_actor else None,
@@ -120,6 +120,7 @@ def run_update(
                 device=device,
                 bf16_autocast=bf16_autocast,
                 sums=sums,
+                reference_logits_fn=reference_logits_fn,
             )
             skipped += 0 if ok else 1
     return sums.reduce(info, device), skipped
@@ -138,6 +139,7 @@ def _optimizer_step(
     device: torch.device,
     bf16_autocast: bool,
     sums: MetricSums,
+    reference_logits_fn: Callable[[Experience], Any] | None = None,
 ) -> bool:
     """One mini-batch: accumulate gradients over micro-batches, clip, step. False if skipped."""
     mask = mini.train_mask
@@ -160,14 +162,25 @@ def _optimizer_step(
         mb_tokens = float(mb.train_mask.sum())
         if actor is not None:
             with no_sync(actor, skip_sync=not last), _autocast(device, bf16_autocast):
-                need_entropy = True
-                logprobs, entropy = actor(
-                    mb.input_ids,
-                    mb.attention_mask,
-                    target_mask=mb.train_mask,
-                    temperature=settings.temperature,
-                    return_entropy=need_entropy,
+                vocab_kl = (
+                    algo.use_kl_loss and algo.kl_loss_type != "token" and reference_logits_fn is not None
                 )
+                if vocab_kl:
+                    logprobs, entropy, logits, valid = actor(
+                        mb.input_ids,
+                        mb.attention_mask,
+                        target_mask=mb.train_mask,
+                        temperature=settings.temperature,
+                        return_logits=True,
+                    )
+                else:
+                    logprobs, entropy = actor(
+                        mb.input_ids,
+                        mb.attention_mask,
+                        target_mask=mb.train_mask,
+                        temperature=settings.temperature,
+                        return_entropy=True,
+                    )
                 pg_loss, pg_metrics = compute_policy_loss(
                     logprobs, mb.old_logprobs, mb.advantages, mb.train_mask, algo, norms=norms
                 )
@@ -176,7 +189,20 @@ def _optimizer_step(
                 if algo.entropy_coef:
                     loss = loss - algo.entropy_coef * ent
                 if algo.use_kl_loss and algo.kl_coef > 0 and mb.ref_logprobs is not None:
-                    kl_mat = adapters.token_kl(logprobs, mb.ref_logprobs, algo.kl_estimator)
+                    if vocab_kl:
+                        ref_logits = reference_logits_fn(mb)
+                        kl_mat = adapters.vocab_kl_matrix(
+                            algo,
+                            logprobs,
+                            mb.ref_logprobs,
+                            mb.old_logprobs,
+                            logits,
+                            ref_logits,
+                            mb.input_ids,
+                            valid,
+                        )
+                    else:
+                        kl_mat = adapters.token_kl(logprobs, mb.ref_logprobs, algo.kl_estimator)
                     kl = agg_loss(kl_mat, mb.train_mask, algo.loss_agg, norms=norms)
                     loss = loss + algo.kl_coef * kl
                     sums.add_share("actor/kl_loss", kl)

@@ -61,3 +61,62 @@ def test_algorithm_runs_and_updates(name, world, tiny_model_dir, tmp_path):
     loaded = AutoModelForCausalLM.from_pretrained(summary["checkpoint"] + "/model")
     for key, value in loaded.state_dict().items():
         assert torch.equal(value, trainer.policy.state_dict()[key]), key
+
+
+def test_ema_reference_with_topk_reverse_kl(world, tiny_model_dir, tmp_path):
+    """The EMA-PG setting: the reference follows the policy by EMA, the KL is a top-k reverse KL."""
+    cfg = rlworld.load(
+        world, tiny_model_dir, tmp_path / "run",
+        reward__components={"rlworld:token_set_reward": 1.0},
+        algorithm__kl_coef=0.5, algorithm__kl_loss_type="full_reverse", algorithm__kl_topk_tokens=8,
+        algorithm__use_kl_iw=True, algorithm__ref_policy="ema", algorithm__ref_policy_ema_tau=0.5,
+        algorithm__ref_policy_ema_update_period=2, trainer__total_steps=3,
+    )  # fmt: skip
+    trainer = RLTrainer(cfg)
+    trainer.setup()
+    initial = {k: v.clone() for k, v in trainer.reference.state_dict().items()}
+    trainer.train()
+    rows = rlworld.read_metrics(tmp_path / "run")
+    assert all(math.isfinite(r["actor/kl_loss"]) for r in rows)
+    assert rows[1]["actor/kl_loss"] > 0  # the policy has moved away from the reference after a step
+    assert [r.get("actor/ref_ema_updated", 0.0) for r in rows] == [0.0, 1.0, 0.0]
+    ref, pol = trainer.reference.state_dict(), trainer.policy.state_dict()
+    moved = [k for k in ref if not torch.equal(ref[k], initial[k])]
+    assert moved and all(not torch.equal(ref[k], pol[k]) for k in moved)  # between the two, not a copy
+    assert (tmp_path / "run/checkpoints/step_000003/reference/config.json").is_file()
+
+
+def test_lora_reference_is_the_base_model(world, tiny_model_dir, tmp_path):
+    """LoRA: only adapter weights train, the reference log-probs come from the base model (adapter
+    off, no second copy), and the checkpoint's model folder holds the merged weights."""
+    cfg = rlworld.load(
+        world, tiny_model_dir, tmp_path / "run",
+        reward__components={"rlworld:token_set_reward": 1.0},
+        model__lora_r=4, model__lora_alpha=8, trainer__actor_lr=1e-2, trainer__total_steps=2,
+    )  # fmt: skip
+    trainer = RLTrainer(cfg)
+    trainer.setup()
+    assert trainer.reference is None
+    trainable = [n for n, p in trainer.policy.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    summary = trainer.train()
+    from transformers import AutoModelForCausalLM
+
+    from searchr1.models import load_model
+    from searchr1.trainer.adapters import PolicyLogprobs
+    from searchr1.trainer.experience import build_experience
+
+    merged = AutoModelForCausalLM.from_pretrained(summary["checkpoint"] + "/model")
+    base = load_model(tiny_model_dir)
+    traj = trainer._last_trajs[0]
+    exp = build_experience([traj], [0.0], [0], pad_token_id=0)
+    args = (exp.input_ids, exp.attention_mask)
+    with torch.no_grad():
+        policy_lp, _ = PolicyLogprobs(trainer.policy)(*args, target_mask=exp.train_mask)
+        merged_lp, _ = PolicyLogprobs(merged)(*args, target_mask=exp.train_mask)
+        base_lp, _ = PolicyLogprobs(base)(*args, target_mask=exp.train_mask)
+        ref_lp = trainer._reference_logprobs(exp)
+    torch.testing.assert_close(merged_lp, policy_lp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ref_lp, base_lp, atol=1e-6, rtol=0)
+    assert not torch.allclose(policy_lp, base_lp, atol=1e-4)
+    assert (tmp_path / "run/checkpoints/step_000002/adapter/adapter_config.json").is_file()

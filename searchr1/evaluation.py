@@ -146,6 +146,15 @@ def build_mode_prompt(
     raise EvaluationError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
 
 
+def agent_prompt(sample: Any, template: str, tokenizer: Any) -> str:
+    """The Search-R1 prompt of a sample: its stored chat messages (parquet rows) or the template's."""
+    if hasattr(sample, "prompt"):
+        return sample.prompt(template, tokenizer)
+    return build_mode_prompt(
+        str(_sample_field(sample, "question", "")), "agent", template=template, tokenizer=tokenizer
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # single-turn generation (the direct and rag baselines)
 # ---------------------------------------------------------------------------------------------
@@ -505,7 +514,9 @@ def evaluate(
         if mode == "rag":
             hits_per_q = retriever.search([v["question"] for v in batch], topk)
         prompts = [
-            build_mode_prompt(v["question"], mode, template=template, tokenizer=tokenizer, hits=h)
+            agent_prompt(samples[v["index"]], template, tokenizer)
+            if mode == "agent"
+            else build_mode_prompt(v["question"], mode, template=template, tokenizer=tokenizer, hits=h)
             for v, h in zip(batch, hits_per_q, strict=True)
         ]
         prompt_ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]

@@ -188,34 +188,16 @@ def check_index(path: str) -> None:
 
 
 def load_samples(path: Path, limit: int | None) -> list[Any]:
-    """Samples of a dataset file through the data package (errors name file and line)."""
+    """Samples of a FlashRAG jsonl / Search-R1 parquet file (the data package names file and line)."""
+    from searchr1.data.formats import load_samples as _load
+
     try:
-        from searchr1.data.formats import load_samples as _load
-    except ImportError:  # the data package's reader is not there yet: FlashRAG jsonl only
-        _load = _read_flashrag_jsonl
-    try:
-        samples = list(_load(path))
+        samples = list(_load(path, split="test", limit=limit))
     except (ValueError, KeyError, OSError) as exc:
         raise _error(f"--data {path}: {exc}") from None
     if not samples:
         raise _error(f"--data {path}: no questions in this file")
-    return samples[:limit] if limit is not None else samples
-
-
-def _read_flashrag_jsonl(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"line {lineno}: not JSON ({exc.msg})") from None
-        if "question" not in row or "golden_answers" not in row:
-            raise ValueError(f"line {lineno}: expected keys question and golden_answers")
-        meta = row.get("metadata") or {}
-        rows.append({**row, "data_source": row.get("data_source") or meta.get("data_source") or path.stem})
-    return rows
+    return samples
 
 
 def _config(args: argparse.Namespace) -> Any:

@@ -225,7 +225,7 @@ class HFRolloutEngine(_HFEngineBase):
             # 4. keep the cache small: drop finished slots once nothing is queued, squeeze out holes
             slots_live = [s for s in range(kv.n_slots) if live(s) is not None]
             shrink = not queue and len(slots_live) <= kv.n_slots // 2
-            if kv.can_compact() and (shrink or kv.waste() > max(64, max(kv.n_real))):
+            if kv.can_compact() and (shrink or kv.waste() > max(64, max(kv.n_real) // 2)):
                 keep = slots_live if not queue else list(range(kv.n_slots))
                 if keep:
                     kv.compact(keep)

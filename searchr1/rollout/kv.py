@@ -67,46 +67,115 @@ class KVBatch:
     def step(self, feeds: dict[int, list[int]]) -> torch.Tensor:
         """Feed ``feeds[slot]`` tokens to each slot; return next-token logits ``[len(feeds), vocab]``.
 
-        Rows of the result follow ``sorted(feeds)``.
+        Rows of the result follow ``sorted(feeds)``. Multi-token feeds (prompts, observations) of
+        a few slots run as a separate forward over those slots only, so one slot's 300-token
+        observation does not cost 300 columns of compute in every other row.
         """
         if not feeds:
             raise ValueError("KVBatch.step needs at least one slot to feed")
-        width = max(len(toks) for toks in feeds.values())
-        n = self.n_slots
-        ids = torch.full((n, width), self.pad_id, dtype=torch.long)
-        chunk_mask = torch.zeros(n, width, dtype=torch.long)
-        positions = torch.zeros(n, width, dtype=torch.long)
-        for slot in range(n):
-            positions[slot] = self.n_real[slot]  # holes: any position, they are never attended
-        # A hole that sees no real token (an empty slot) may come out of attention as NaN.
-        blind_holes = any(self.n_real[s] == 0 and len(feeds.get(s, ())) < width for s in range(n))
         for slot, toks in feeds.items():
-            k = len(toks)
-            if k == 0:
+            if not toks:
                 raise ValueError(f"slot {slot}: empty feed")
+        wide = {s: t for s, t in feeds.items() if len(t) > 1}
+        if not wide or len(wide) == self.n_slots or not self.length or not self.can_compact():
+            return self._forward_all(feeds)
+        narrow = {s: t for s, t in feeds.items() if len(t) == 1}
+        parts = [(sorted(wide), self._forward_subset(wide))]
+        if narrow:
+            parts.append((sorted(narrow), self._forward_all(narrow)))
+        order = {slot: i for i, slot in enumerate(sorted(feeds))}
+        out = torch.empty(
+            len(feeds), parts[0][1].shape[-1], dtype=parts[0][1].dtype, device=parts[0][1].device
+        )
+        for slots, logits in parts:
+            out[torch.tensor([order[s] for s in slots], device=out.device)] = logits
+        return out
+
+    def _inputs(self, feeds: dict[int, list[int]], slots: list[int]) -> tuple[torch.Tensor, ...]:
+        """Right-aligned ids, chunk mask and positions for ``slots`` (holes where a slot is not fed)."""
+        width = max(len(toks) for toks in feeds.values())
+        ids = torch.full((len(slots), width), self.pad_id, dtype=torch.long)
+        chunk_mask = torch.zeros(len(slots), width, dtype=torch.long)
+        positions = torch.zeros(len(slots), width, dtype=torch.long)
+        for row, slot in enumerate(slots):
             start = self.n_real[slot]
-            ids[slot, width - k :] = torch.tensor(toks, dtype=torch.long)
-            chunk_mask[slot, width - k :] = 1
-            positions[slot, width - k :] = torch.arange(start, start + k)
-            self.n_real[slot] = start + k
-            self.fed_tokens += k
-        mask = torch.cat([self.mask, chunk_mask.to(self.device)], dim=1)
+            positions[row] = start  # holes: any position, they are never attended
+            toks = feeds.get(slot)
+            if toks:
+                k = len(toks)
+                ids[row, width - k :] = torch.tensor(toks, dtype=torch.long)
+                chunk_mask[row, width - k :] = 1
+                positions[row, width - k :] = torch.arange(start, start + k)
+        return ids.to(self.device), chunk_mask.to(self.device), positions.to(self.device)
+
+    def _blind(self, feeds: dict[int, list[int]], slots: list[int], width: int) -> bool:
+        """A hole that sees no real token (leading holes of an empty slot) may come out as NaN."""
+        return any(self.n_real[s] == 0 and len(feeds.get(s, ())) < width for s in slots)
+
+    def _advance(self, feeds: dict[int, list[int]]) -> None:
+        for slot, toks in feeds.items():
+            self.n_real[slot] += len(toks)
+            self.fed_tokens += len(toks)
+
+    def _forward_all(self, feeds: dict[int, list[int]]) -> torch.Tensor:
+        slots = list(range(self.n_slots))
+        ids, chunk_mask, positions = self._inputs(feeds, slots)
+        width = ids.shape[1]
+        blind = self._blind(feeds, slots, width)
+        mask = torch.cat([self.mask, chunk_mask], dim=1)
         out = self.model(
-            input_ids=ids.to(self.device),
+            input_ids=ids,
             attention_mask=mask,
-            position_ids=positions.to(self.device),
+            position_ids=positions,
             past_key_values=self.cache,
             use_cache=True,
             logits_to_keep=1,
         )
         self.cache = out.past_key_values
         self.mask = mask
+        self._advance(feeds)
         self.forward_calls += 1
-        if blind_holes:
+        if blind:
             self._sanitize_new_columns(width)
         self.peak_cache_bytes = max(self.peak_cache_bytes, self.cache_bytes())
         rows = torch.tensor(sorted(feeds), dtype=torch.long, device=out.logits.device)
         return out.logits[rows, -1, :]
+
+    def _forward_subset(self, feeds: dict[int, list[int]]) -> torch.Tensor:
+        """Forward over the fed slots only; every other slot gets hole columns (zeros, masked)."""
+        from transformers import DynamicCache
+
+        slots = sorted(feeds)
+        idx = torch.tensor(slots, dtype=torch.long, device=self.device)
+        ids, chunk_mask, positions = self._inputs(feeds, slots)
+        width = ids.shape[1]
+        blind = self._blind(feeds, slots, width)
+        sub = DynamicCache(config=self.model.config)
+        for i, layer in enumerate(self.cache.layers):
+            sub.update(layer.keys.index_select(0, idx), layer.values.index_select(0, idx), i)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=torch.cat([self.mask.index_select(0, idx), chunk_mask], dim=1),
+            position_ids=positions,
+            past_key_values=sub,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        for layer, new in zip(self.cache.layers, out.past_key_values.layers, strict=True):
+            for name in ("keys", "values"):
+                t, fresh = getattr(layer, name), getattr(new, name)[:, :, -width:, :]
+                if blind:
+                    fresh = fresh.nan_to_num(0.0)
+                grown = torch.cat([t, t.new_zeros(t.shape[0], t.shape[1], width, t.shape[3])], dim=2)
+                grown[idx, :, -width:, :] = fresh
+                setattr(layer, name, grown)
+        full_chunk = torch.zeros(self.n_slots, width, dtype=torch.long, device=self.device)
+        full_chunk[idx] = chunk_mask
+        self.mask = torch.cat([self.mask, full_chunk], dim=1)
+        self._advance(feeds)
+        self.forward_calls += 1
+        self.peak_cache_bytes = max(self.peak_cache_bytes, self.cache_bytes())
+        return out.logits[:, -1, :]
 
     def _sanitize_new_columns(self, width: int) -> None:
         """Zero NaNs a fully-masked hole query may leave in its own cache columns.

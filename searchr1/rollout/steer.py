@@ -14,6 +14,7 @@ tag positions is forced. The benchmark and the tests use it to run exact, repeat
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -57,17 +58,19 @@ def make_script(
     think: tuple[int, int] = (4, 24),
     query: tuple[int, int] = (2, 6),
     answer: tuple[int, int] = (1, 4),
-    long_think: float = 0.0,
-    long_think_tokens: tuple[int, int] = (64, 128),
+    think_lognormal: tuple[float, float] | None = None,
 ) -> list[dict[str, Any]]:
     """A turn plan: ``searches`` search turns, then an answer turn; lengths drawn from ``rng``.
 
-    With probability ``long_think`` a turn thinks ``long_think_tokens`` instead (a heavy tail).
+    Thinking tokens per turn are uniform in ``think``, or, with ``think_lognormal=(median,
+    sigma)``, log-normal (a long tail: most turns short, a few very long) clamped to ``think``.
     """
 
     def n_think() -> int:
-        lo, hi = long_think_tokens if rng.random() < long_think else think
-        return rng.randint(lo, hi)
+        if think_lognormal is None:
+            return rng.randint(*think)
+        median, sigma = think_lognormal
+        return min(think[1], max(think[0], round(rng.lognormvariate(math.log(median), sigma))))
 
     turns: list[dict[str, Any]] = [
         {"action": "search", "think": n_think(), "content": rng.randint(*query)} for _ in range(searches)

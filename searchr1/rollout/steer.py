@@ -83,7 +83,8 @@ class ScriptedTurns:
     """Force each row along ``meta["script"]`` (see ``make_script``); rows without one are left alone.
 
     A turn ``{"action": "search", "think": 5, "content": 3}`` becomes
-    ``<think> ×5 </think> <search> ×3 </search>`` where each ``×`` is a free token; action
+    ``<think> ×5 </think> <search> ×3 </search>`` where each ``×`` is a free token (with
+    ``"text": "Alice Verdan"`` instead of ``"content"``, that text is forced as the query); action
     ``"answer"`` uses ``<answer>``; action ``"none"`` thinks and then emits EOS (an invalid turn).
     Past the end of its script a row is forced to EOS.
     """
@@ -128,7 +129,11 @@ class ScriptedTurns:
                 open_tag, close_tag = (
                     (SEARCH_OPEN, SEARCH_CLOSE) if action == "search" else (ANSWER_OPEN, ANSWER_CLOSE)
                 )
-                plan += self.tag_ids[open_tag] + [FREE] * int(spec["content"]) + self.tag_ids[close_tag]
+                if "text" in spec:  # a fixed query / answer, typed out token by token
+                    content = list(self.tokenizer.encode(" " + spec["text"] + " ", add_special_tokens=False))
+                else:
+                    content = [FREE] * int(spec["content"])
+                plan += self.tag_ids[open_tag] + content + self.tag_ids[close_tag]
         self._plans[key] = plan
         return plan
 

@@ -28,6 +28,17 @@ def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
     return ticks
 
 
+def tick_label(v: float, step: float) -> str:
+    """``v`` with as many decimals as the tick step needs (0.0125 steps -> 4 decimals)."""
+    if step <= 0 or not math.isfinite(step):
+        return _fmt(v)
+    a = max(abs(v), step)
+    if a >= 1e5 or a < 1e-4:
+        return f"{v:.{max(1, min(4, math.ceil(-math.log10(step / a))))}e}"
+    decimals = max(0, math.ceil(-math.log10(step) - 1e-9))
+    return f"{v:.{decimals}f}"
+
+
 def _fmt(v: float) -> str:
     if v == 0:
         return "0"
@@ -50,6 +61,7 @@ def line_chart(title: str, series: Sequence[Series], y_label: str = "") -> str:
     if x_hi == x_lo:
         x_lo, x_hi = x_lo - 1, x_hi + 1
     y_ticks = nice_ticks(min(ys), max(ys))
+    y_step = y_ticks[1] - y_ticks[0] if len(y_ticks) > 1 else 0.0
     y_lo, y_hi = min(y_ticks[0], min(ys)), max(y_ticks[-1], max(ys))
     if y_hi == y_lo:
         y_hi = y_lo + 1
@@ -72,16 +84,19 @@ def line_chart(title: str, series: Sequence[Series], y_label: str = "") -> str:
                 f'<line x1="{MARGIN_L}" x2="{WIDTH - MARGIN_R}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e6e9ed"/>'
             )
             parts.append(
-                f'<text x="{MARGIN_L - 6}" y="{y + 4:.1f}" text-anchor="end" fill="#5b6673">{_fmt(t)}</text>'
+                f'<text x="{MARGIN_L - 6}" y="{y + 4:.1f}" text-anchor="end" fill="#5b6673">{tick_label(t, y_step)}</text>'
             )
-    for t in nice_ticks(x_lo, x_hi, 6):
+    x_ticks = nice_ticks(x_lo, x_hi, 6)
+    if all(float(x).is_integer() for x in xs):  # steps: integer ticks only
+        x_ticks = [t for t in x_ticks if float(t).is_integer()]
+    for t in x_ticks:
         if x_lo <= t <= x_hi:
             x = sx(t)
             parts.append(
                 f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{MARGIN_T + ph}" y2="{MARGIN_T + ph + 4}" stroke="#9aa3ad"/>'
             )
             parts.append(
-                f'<text x="{x:.1f}" y="{HEIGHT - 12}" text-anchor="middle" fill="#5b6673">{_fmt(t)}</text>'
+                f'<text x="{x:.1f}" y="{HEIGHT - 12}" text-anchor="middle" fill="#5b6673">{_fmt(round(t, 9))}</text>'
             )
     parts.append(
         f'<rect x="{MARGIN_L}" y="{MARGIN_T}" width="{pw}" height="{ph}" fill="none" stroke="#c4cbd3"/>'

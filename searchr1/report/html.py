@@ -18,18 +18,20 @@ from searchr1.report.loading import RunData, compact_trajectory
 
 esc = html.escape
 
-CHARTS: list[tuple[str, str]] = [
-    ("Reward and its components", "reward/"),
-    ("Validation EM", "val/*/em"),
-    ("Searches per trajectory", "rollout/searches"),
-    ("Response length (tokens)", "rollout/response_length"),
-    ("KL to the reference policy", "actor/kl"),
-    ("Entropy", "actor/entropy"),
-    ("Clip fraction", "actor/clipfrac"),
-    ("Step time split (seconds)", "timing/"),
+CHARTS: list[tuple[str, tuple[str, ...]]] = [
+    ("Reward and its components", ("reward/",)),
+    ("Validation EM", ("val/*/em", "val/em")),
+    ("Searches per trajectory", ("rollout/searches",)),
+    ("Response length (tokens)", ("rollout/response_length",)),
+    ("KL to the reference policy", ("actor/kl",)),
+    ("Entropy", ("actor/entropy",)),
+    ("Clip fraction", ("actor/clipfrac",)),
+    ("Step time split (seconds)", ("timing/",)),
 ]
-"""(title, key pattern): a trailing ``/`` takes a whole namespace, ``*`` matches one path part."""
+"""(title, key patterns): a trailing ``/`` takes a whole namespace, ``*`` matches one path part."""
 MAX_SERIES = 9
+NOT_CURVES = {"step", "time", "timestamp", "wall_time", "epoch"}
+"""Columns of metrics.jsonl that are coordinates, not curves."""
 METRIC_HEADERS = {
     "em": "EM",
     "sub_em": "subEM",
@@ -70,17 +72,17 @@ def validation_series(data: RunData) -> dict[str, list[tuple[float, float]]]:
 def charts_html(data: RunData) -> str:
     """One chart per entry of ``CHARTS`` that has data, then one per other metric namespace."""
     rows = data.metrics
-    keys = sorted({k for r in rows for k in r if k != "step"})
+    keys = sorted({k for r in rows for k in r if k not in NOT_CURVES})
     val_from_summaries = validation_series(data)
     used: set[str] = set()
     blocks = []
-    for title, pattern in CHARTS:
-        chosen = [k for k in keys if _matches(k, pattern)]
-        if pattern == "reward/" and "reward/mean" in chosen:
+    for title, patterns in CHARTS:
+        chosen = [k for k in keys if any(_matches(k, p) for p in patterns)]
+        if "reward/" in patterns and "reward/mean" in chosen:
             chosen = ["reward/mean"] + [k for k in chosen if k != "reward/mean"]
         used.update(chosen)
         series = _series(rows, chosen)
-        if pattern == "val/*/em":
+        if "val/*/em" in patterns:
             have = {k for k, _ in series}
             series += [(k, v) for k, v in sorted(val_from_summaries.items()) if k not in have]
         for i in range(0, len(series), MAX_SERIES):
@@ -104,22 +106,52 @@ def _cell(v: Any) -> str:
     return esc(str(v))
 
 
-def summary_table(summary: dict[str, Any]) -> str:
-    head = "".join(f"<th>{esc(METRIC_HEADERS[m])}</th>" for m in METRICS)
+def summary_table(summary: dict[str, Any], columns: tuple[str, ...] = METRICS) -> str:
+    head = "".join(f"<th>{esc(METRIC_HEADERS.get(m, m))}</th>" for m in columns)
     body = []
     for source, row in summary.get("sources", {}).items():
-        cells = "".join(f"<td>{_cell(row.get(m, math.nan))}</td>" for m in METRICS)
-        body.append(f"<tr><td>{esc(source)}</td><td>{_cell(row.get('n', 0))}</td>{cells}</tr>")
+        cells = "".join(f"<td>{_cell(row.get(m, math.nan))}</td>" for m in columns)
+        body.append(f"<tr><td>{esc(source)}</td><td>{_cell(row.get('n', '-'))}</td>{cells}</tr>")
     overall = summary.get("overall")
-    if overall and len(summary.get("sources", {})) > 1:
-        cells = "".join(f"<td>{_cell(overall.get(m, math.nan))}</td>" for m in METRICS)
-        body.append(f'<tr class="all"><td>all</td><td>{_cell(overall.get("n", 0))}</td>{cells}</tr>')
+    if overall and (len(summary.get("sources", {})) > 1 or not summary.get("sources")):
+        cells = "".join(f"<td>{_cell(overall.get(m, math.nan))}</td>" for m in columns)
+        body.append(f'<tr class="all"><td>all</td><td>{_cell(overall.get("n", "-"))}</td>{cells}</tr>')
     return f'<table class="metrics"><tr><th>source</th><th>n</th>{head}</tr>{"".join(body)}</table>'
+
+
+def validation_from_metrics(
+    rows: list[dict[str, float]],
+) -> tuple[float, dict[str, Any], tuple[str, ...]] | None:
+    """The latest logged validation (``val/<source>/<metric>`` and ``val/<metric>`` keys of
+    metrics.jsonl) as a summary-shaped table: (step, summary, columns)."""
+    for row in reversed(rows):
+        val = {k: v for k, v in row.items() if k.startswith("val/")}
+        if not val:
+            continue
+        sources: dict[str, dict[str, float]] = {}
+        overall: dict[str, float] = {}
+        for key, value in val.items():
+            parts = key.split("/")
+            if len(parts) == 3:
+                sources.setdefault(parts[1], {})[parts[2]] = value
+            elif len(parts) == 2:
+                overall[parts[1]] = value
+        names = {m for r in (*sources.values(), overall) for m in r}
+        columns = tuple(m for m in METRICS if m in names) + tuple(sorted(names - set(METRICS)))
+        summary = {"sources": dict(sorted(sources.items())), "overall": overall if len(sources) > 1 else {}}
+        return row["step"], summary, columns
+    return None
 
 
 def validation_html(data: RunData) -> str:
     if not data.evaluations:
-        return '<p class="note">No evaluation summary found.</p>'
+        logged = validation_from_metrics(data.metrics)
+        if logged is None:
+            return '<p class="note">No validation results found (no summary.json, no val/ metrics).</p>'
+        step, summary, columns = logged
+        return f"<h3>validation at step {_cell(int(step))} (from metrics.jsonl)</h3>" + summary_table(
+            summary, columns
+        )
     latest = data.evaluations[-1]
     where = "this evaluation" if latest.step is None else f"validation at step {latest.step}"
     mode = latest.summary.get("mode")
@@ -167,6 +199,7 @@ def browser_html(data: RunData) -> str:
   <label>answer <select id="filter-correct"><option value="all">all</option><option value="correct">correct</option><option value="incorrect">incorrect</option></select></label>
   <label>searches <select id="filter-searches"><option value="all">any</option></select></label>
   <label>data source <select id="filter-source"><option value="all">all</option></select></label>
+  <label>step <select id="filter-step"><option value="all">all</option></select></label>
   <label>text <input id="filter-text" type="search" placeholder="question or answer"></label>
   <span id="traj-count"></span>
 </div>

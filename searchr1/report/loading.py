@@ -1,8 +1,11 @@
 """What the report reads from a run folder or an ``eval`` output folder.
 
-A training run folder holds ``metrics.jsonl`` (one JSON object per step with namespaced keys) and
-``validation/step_N/{summary.json,trajectories.jsonl}``; an eval folder holds ``summary.json`` and
-``trajectories.jsonl`` directly. Both are accepted; whatever is missing is simply left out of the page.
+A training run folder holds ``metrics.jsonl`` (one JSON object per step with namespaced keys),
+possibly ``validation/step_N/{summary.json,trajectories.jsonl}`` (written by ``evaluate``), and the
+trainer's own ``trajectories.jsonl`` (a few rollouts per step: question, golden answers, response
+text). An eval folder holds ``summary.json`` and ``trajectories.jsonl``. Whatever is missing is left
+out of the page. The trainer's records carry text, not token roles: their roles are recovered from
+the text (``<information>`` blocks and the invalid-action message are the masked observations).
 """
 
 from __future__ import annotations
@@ -10,11 +13,13 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from searchr1.evaluation import SUMMARY_FILE, TRAJECTORIES_FILE, read_trajectories
+from searchr1.data.prompts import INFO_CLOSE, INFO_OPEN, INVALID_ACTION_MESSAGE
+from searchr1.evaluation import STATE_FILE, SUMMARY_FILE, TRAJECTORIES_FILE, read_trajectories
 
 METRICS_FILE = "metrics.jsonl"
 VALIDATION_DIR = "validation"
@@ -101,7 +106,8 @@ def load_run(folder: str | Path, max_trajectories: int = 1000) -> RunData:
     if not folder.is_dir():
         raise ReportError(f"run folder not found: {folder}")
     data = RunData(folder=folder, kind="run", metrics=read_metrics(folder / METRICS_FILE))
-    if (folder / SUMMARY_FILE).is_file() or (folder / TRAJECTORIES_FILE).is_file():
+    is_eval = (folder / SUMMARY_FILE).is_file() or (folder / STATE_FILE).is_file()
+    if is_eval:
         data.kind = "eval"
         if (folder / SUMMARY_FILE).is_file():
             data.evaluations.append(Evaluation(folder, None, _read_summary(folder / SUMMARY_FILE)))
@@ -118,12 +124,16 @@ def load_run(folder: str | Path, max_trajectories: int = 1000) -> RunData:
         for step, sub in steps:
             if (sub / SUMMARY_FILE).is_file():
                 data.evaluations.append(Evaluation(sub, step, _read_summary(sub / SUMMARY_FILE)))
-        traj_dirs = [sub for _, sub in reversed(steps)]
+        traj_dirs = [sub for _, sub in reversed(steps)] + [folder]  # the trainer's samples come last
     for sub in traj_dirs:
         if (sub / TRAJECTORIES_FILE).is_file():
-            records = read_trajectories(sub / TRAJECTORIES_FILE)
-            data.trajectories = records[:max_trajectories]
-            data.trajectories_total = len(records)
+            records = [as_eval_record(r) for r in read_trajectories(sub / TRAJECTORIES_FILE)]
+            if sub == folder and not is_eval:  # training samples: the latest steps are the interesting ones
+                records = records[-max_trajectories:]
+            else:
+                records = records[:max_trajectories]
+            data.trajectories = records
+            data.trajectories_total = sum(1 for _ in _lines(sub / TRAJECTORIES_FILE))
             data.trajectories_from = sub / TRAJECTORIES_FILE
             break
     if not data.metrics and not data.evaluations and not data.trajectories:
@@ -132,6 +142,78 @@ def load_run(folder: str | Path, max_trajectories: int = 1000) -> RunData:
             f"(a training run) or {SUMMARY_FILE} + {TRAJECTORIES_FILE} (an eval output folder)"
         )
     return data
+
+
+def _lines(path: Path) -> Iterable[str]:
+    with open(path, encoding="utf-8") as fh:
+        yield from (line for line in fh if line.strip())
+
+
+_OBSERVATION = re.compile(
+    r"(\n*"
+    + re.escape(INFO_OPEN)
+    + ".*?(?:"
+    + re.escape(INFO_CLOSE)
+    + r"\n*|\Z)|\n*"
+    + re.escape(INVALID_ACTION_MESSAGE.strip())
+    + r"\n*)",
+    flags=re.DOTALL,
+)
+
+
+_DOC_LINE = re.compile(r"Doc \d+\(Title: (.*?)\) ?(.*)")
+
+
+def text_segments(response: str) -> list[dict[str, Any]]:
+    """Role segments of a response known only as text: observation blocks vs the model's own text."""
+    segments = []
+    for i, part in enumerate(_OBSERVATION.split(response)):
+        if part:
+            segments.append({"role": "observation" if i % 2 else "generated", "text": part, "tokens": 0})
+    return segments
+
+
+def as_eval_record(rec: dict[str, Any]) -> dict[str, Any]:
+    """A record in the ``evaluate`` layout; the trainer's per-step samples (``response`` text) are
+    scored and split into role segments here."""
+    if "segments" in rec:
+        return rec
+    from searchr1.evaluation import extract_answer, is_valid_format, score_answer
+
+    response = str(rec.get("response", ""))
+    golden = [str(g) for g in rec.get("golden_answers") or []]
+    answer = extract_answer(response)
+    scores = score_answer(answer, golden)
+    scores["valid_format"] = float(is_valid_format(response))
+    segments = text_segments(response)
+    documents = [
+        [{"title": t.strip(), "text": x.strip(), "score": None} for t, x in _DOC_LINE.findall(s["text"])]
+        for s in segments
+        if s["role"] == "observation" and INFO_OPEN in s["text"]
+    ]
+    queries = re.findall(
+        r"<search>(.*?)</search>",
+        "".join(s["text"] for s in segments if s["role"] == "generated"),
+        flags=re.DOTALL,
+    )
+    return {
+        "id": f"step {rec.get('step', '?')}",
+        "step": rec.get("step"),
+        "question": rec.get("question") or "",
+        "golden_answers": golden,
+        "data_source": rec.get("data_source") or "train",
+        "answer": answer,
+        "scores": scores,
+        "correct": scores["em"] == 1.0,
+        "searches": int(rec.get("searches", len(queries))),
+        "turns": int(rec.get("turns", 0)),
+        "truncated": rec.get("finish_reason") in ("truncated", "length"),
+        "finish_reason": rec.get("finish_reason", ""),
+        "queries": [q.strip() for q in queries],
+        "documents": documents,
+        "segments": segments,
+        "roles_from_text": True,
+    }
 
 
 def compact_trajectory(rec: dict[str, Any]) -> dict[str, Any]:
@@ -165,6 +247,8 @@ def compact_trajectory(rec: dict[str, Any]) -> dict[str, Any]:
             for hits in rec.get("documents", [])
         ],
         "segments": [[s["role"], s["text"], int(s.get("tokens", 0))] for s in segments],
+        "step": rec.get("step"),
+        "text_roles": bool(rec.get("roles_from_text", False)),
         "tokens": tokens,
     }
 

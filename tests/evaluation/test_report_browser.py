@@ -148,3 +148,16 @@ def test_text_filter_and_empty_result(browser, tmp_path, tiny_tokenizer):
     assert visible_cards(browser) == []
     assert "No trajectory matches" in browser.find_element("id", "traj-list").text
     assert severe(browser.get_log("browser")) == []
+
+
+def test_real_training_run_in_chromium(browser, trained_run):
+    browser.get(build_report(trained_run).resolve().as_uri())
+    assert severe(browser.get_log("browser")) == []
+    total = len(visible_cards(browser))
+    assert total == len((trained_run / "trajectories.jsonl").read_text().splitlines())
+    choose(browser, "filter-step", "3")
+    cards = visible_cards(browser)
+    assert 0 < len(cards) < total and {c.get_attribute("data-step") for c in cards} == {"3"}
+    cards[0].find_element("tag name", "summary").click()
+    assert cards[0].find_elements("css selector", ".transcript .seg.generated")
+    assert severe(browser.get_log("browser")) == []

@@ -138,3 +138,26 @@ def test_nice_ticks_cover_the_range_with_round_steps(lo, hi):
     (step,) = steps
     mantissa = step / 10 ** int(f"{step:e}".split("e")[1])
     assert round(mantissa, 6) in (1.0, 2.0, 5.0)
+
+
+def test_report_of_a_real_training_run(trained_run):
+    """The trainer's own files: metrics.jsonl (curves, logged validation) and its per-step samples."""
+    path = build_report(trained_run)
+    page = parse(path)
+    titles = " | ".join(page.h3)
+    for title in (
+        "Reward and its components",
+        "Validation EM",
+        "Searches per trajectory",
+        "Entropy",
+        "Step time split",
+        "validation at step 3 (from metrics.jsonl)",
+    ):
+        assert title in titles
+    logged = [json.loads(x) for x in (trained_run / "trajectories.jsonl").read_text().splitlines()]
+    data = json.loads(page.data_json)["trajectories"]
+    assert [t["question"] for t in data] == [r["question"] for r in logged]
+    assert [t["step"] for t in data] == [r["step"] for r in logged] and {1, 3} <= {t["step"] for t in data}
+    for t, r in zip(data, logged, strict=True):
+        assert "".join(seg[1] for seg in t["segments"]) == r["response"]
+        assert t["text_roles"] and t["source"] == "train"

@@ -14,6 +14,7 @@
   const fSearches = document.getElementById("filter-searches");
   const fSource = document.getElementById("filter-source");
   const fText = document.getElementById("filter-text");
+  const fStep = document.getElementById("filter-step");
   let matching = [];
   let shown = 0;
 
@@ -36,12 +37,16 @@
   [...new Set(all.map((t) => t.source))].sort().forEach((s) => addOption(fSource, s, s));
   const buckets = [...new Set(all.map((t) => searchBucket(t.searches)))].sort();
   buckets.forEach((b) => addOption(fSearches, b, b === "3+" ? "3 or more" : b));
+  const steps = [...new Set(all.filter((t) => t.step !== null && t.step !== undefined).map((t) => t.step))].sort((a, b) => a - b);
+  steps.forEach((s) => addOption(fStep, String(s), String(s)));
+  fStep.parentElement.hidden = steps.length === 0;
 
   function passes(t) {
     if (fCorrect.value === "correct" && !t.correct) return false;
     if (fCorrect.value === "incorrect" && t.correct) return false;
     if (fSearches.value !== "all" && searchBucket(t.searches) !== fSearches.value) return false;
     if (fSource.value !== "all" && t.source !== fSource.value) return false;
+    if (fStep.value !== "all" && String(t.step) !== fStep.value) return false;
     const needle = fText.value.trim().toLowerCase();
     if (needle && !(t.question + " " + (t.answer || "") + " " + t.golden.join(" ")).toLowerCase().includes(needle)) return false;
     return true;
@@ -55,8 +60,11 @@
       ["id", t.id], ["golden answers", t.golden.join(" | ")], ["answer", t.answer === null ? "(none)" : t.answer],
       ["scores", "EM " + fmt(t.em) + "  subEM " + fmt(t.sub_em) + "  F1 " + fmt(t.f1) + "  format " + (t.valid ? "valid" : "invalid")],
       ["turns", t.turns + " (finish: " + (t.finish || "?") + (t.truncated ? ", truncated" : "") + ")"],
-      ["tokens", "prompt " + t.tokens.prompt + ", generated " + t.tokens.generated + ", retrieved " + t.tokens.observation],
+      t.text_roles
+        ? ["roles", "recovered from the response text (the trainer's sample log stores no token ids)"]
+        : ["tokens", "prompt " + t.tokens.prompt + ", generated " + t.tokens.generated + ", retrieved " + t.tokens.observation],
     ];
+    if (t.step !== null && t.step !== undefined) rows.unshift(["step", t.step]);
     rows.forEach(([k, v]) => { facts.appendChild(el("dt", null, k)); facts.appendChild(el("dd", null, v)); });
     body.appendChild(facts);
 
@@ -86,7 +94,7 @@
     const tr = el("div", "transcript");
     t.segments.forEach(([role, text, n]) => {
       const span = el("span", "seg " + role, text);
-      span.title = (ROLE_LABEL[role] || role) + ", " + n + " tokens";
+      span.title = (ROLE_LABEL[role] || role) + (t.text_roles ? "" : ", " + n + " tokens");
       tr.appendChild(span);
     });
     body.appendChild(tr);
@@ -97,9 +105,11 @@
     d.dataset.correct = t.correct ? "1" : "0";
     d.dataset.searches = String(t.searches);
     d.dataset.source = t.source;
+    if (t.step !== null && t.step !== undefined) d.dataset.step = String(t.step);
     const sm = el("summary");
     sm.appendChild(el("span", "badge " + (t.correct ? "ok" : "bad"), t.correct ? "correct" : "incorrect"));
     sm.appendChild(el("span", "badge src", t.source));
+    if (t.step !== null && t.step !== undefined) sm.appendChild(el("span", "badge src", "step " + t.step));
     sm.appendChild(el("span", "badge n", t.searches + (t.searches === 1 ? " search" : " searches")));
     sm.appendChild(el("span", "q", t.question));
     sm.appendChild(el("span", "ans", "\u2192 " + (t.answer === null ? "(no answer)" : t.answer)));
@@ -128,7 +138,7 @@
     showMore();
   }
 
-  [fCorrect, fSearches, fSource].forEach((f) => f.addEventListener("change", apply));
+  [fCorrect, fSearches, fSource, fStep].forEach((f) => f.addEventListener("change", apply));
   fText.addEventListener("input", apply);
   more.addEventListener("click", showMore);
   apply();

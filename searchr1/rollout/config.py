@@ -23,7 +23,7 @@ class RolloutConfig:
     max_context: int = 0
     """Prompt + response tokens at most; 0 = the model's max_position_embeddings."""
     temperature: float = 1.0
-    """Sampling temperature of training rollouts (stored log-probs are always at temperature 1)."""
+    """Sampling temperature of training rollouts; stored log-probs are log_softmax(logits / temperature)."""
     top_p: float = 1.0
     """Nucleus sampling: keep the smallest set of tokens with this much probability (1.0 = off)."""
     top_k: int = 0

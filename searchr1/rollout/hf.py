@@ -13,7 +13,7 @@ from scratch. It shares the episode logic, the sampler and the per-row seeds wit
 so with the same search results both produce the same token ids; it is the correctness oracle
 and the benchmark baseline.
 
-Both engines store log-probs at temperature 1 (see ``searchr1.rollout.sampling``).
+Both engines store log-probs at the sampling temperature (see ``searchr1.rollout.sampling``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from searchr1.rollout.config import RolloutConfig
 from searchr1.rollout.engine import RolloutEngine
 from searchr1.rollout.episode import Episode, EpisodeContext
 from searchr1.rollout.kv import KVBatch
-from searchr1.rollout.sampling import SamplingParams, row_generators, sample_tokens
+from searchr1.rollout.sampling import SamplingParams, logprob_temperature, row_generators, sample_tokens
 from searchr1.rollout.search import SearchJob, SearchRunner
 from searchr1.rollout.steer import Steer, SteerRow
 from searchr1.rollout.types import Trajectory
@@ -112,9 +112,9 @@ class _HFEngineBase(RolloutEngine):
         sampling: SamplingParams,
         generators: list[torch.Generator],
     ) -> tuple[list[int], list[float]]:
-        """Sample one token per episode; the stored log-prob is the model's own, at temperature 1."""
+        """Sample one token per episode; store ``log_softmax(logits / T)`` at it (see ``sampling``)."""
         logits = logits.float()
-        logp = torch.log_softmax(logits, dim=-1)
+        logp = torch.log_softmax(logits / logprob_temperature(sampling), dim=-1)
         if self.steer is not None:
             rows = [SteerRow(ep.index, ep.traj.meta, ep.traj.turns, ep.turn_ids) for ep in episodes]
             logits = self.steer(rows, logits)

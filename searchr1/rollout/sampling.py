@@ -9,10 +9,12 @@ async KV-cached one and the turn-synchronous reference) sample the very same tok
 Sampling: ``logits / T`` → top-k → top-p → ``argmax(p_i / E_i)`` with ``E_i ~ Exp(1)`` (the
 exponential race, an exact draw from ``p``). Greedy takes ``argmax(logits)``.
 
-The log-prob stored for a token is ``log_softmax(logits)[token]`` at temperature 1, before any
-temperature, top-k/top-p or steering: the policy's own log-prob, which is what the trainer
-recomputes for PPO ratios. With T != 1 or truncation it is not the log-prob of the distribution
-the token was drawn from.
+The log-prob stored for a token is ``log_softmax(logits / T)[token]`` — T the sampling
+temperature (1 for greedy decoding) — taken before top-k/top-p and before any steering. This is
+the veRL convention, and what the trainer recomputes for PPO ratios with a plain forward pass at
+``rollout.temperature``: with the default T = 1 it is the policy's own log-prob. Top-k/top-p
+truncation is not reflected in it (it would make the log-probs of the behaviour and the trained
+policy disagree on the truncated support).
 """
 
 from __future__ import annotations
@@ -60,6 +62,11 @@ class SamplingParams:
 
     def with_turn_limit(self, max_turn_tokens: int) -> SamplingParams:
         return replace(self, max_turn_tokens=max_turn_tokens)
+
+
+def logprob_temperature(params: SamplingParams) -> float:
+    """The temperature the stored log-probs are taken at: the sampling one, 1 for greedy."""
+    return 1.0 if params.greedy else params.temperature
 
 
 def row_generators(

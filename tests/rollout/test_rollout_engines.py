@@ -318,6 +318,26 @@ def test_logprobs_match_a_plain_full_sequence_forward(tiny, cls):
                 assert abs(logp[p + i - 1, tok_id].item() - lp) < 1e-3
 
 
+def test_logprobs_are_taken_at_the_sampling_temperature(tiny):
+    """veRL convention: stored log-prob = log_softmax(logits / T), before top-k and steering."""
+    model, tok = tiny
+    with engine(HFRolloutEngine, tiny) as eng:
+        (t,) = eng.generate(
+            prompts_of(tok, 1), scripted_metas(1), sampling=SamplingParams(temperature=0.7, top_k=20), seed=1
+        )
+    with torch.no_grad():
+        logp = torch.log_softmax(
+            model(torch.tensor([t.prompt_ids + t.response_ids])).logits[0].float() / 0.7, -1
+        )
+    p = len(t.prompt_ids)
+    gen = [
+        (i, tok_id, lp)
+        for i, (tok_id, r, lp) in enumerate(zip(t.response_ids, t.roles, t.logprobs, strict=True))
+        if r == Role.GENERATED
+    ]
+    assert max(abs(logp[p + i - 1, tok_id].item() - lp) for i, tok_id, lp in gen) < 1e-3
+
+
 def test_expand_groups_and_metrics(tiny):
     ids, metas = expand_groups([[1, 2], [3]], [{"q": "a"}, {"q": "b"}], n=3)
     assert ids == [[1, 2]] * 3 + [[3]] * 3

@@ -24,6 +24,7 @@ import math
 import signal
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -354,7 +355,7 @@ class RLTrainer:
             add("rollout/response_length", len(traj.response_ids))
             add("rollout/generated_tokens", traj.num_generated)
             add("rollout/answered", float(traj.finish_reason == "answer"))
-            add("timing/search_sum", float(traj.timing.get("search", 0.0)))
+            add("timing/search", float(traj.timing.get("search_wait_s", 0.0)))  # per trajectory
             add("_reward_sq", rew.total**2)
             add("_count", 1.0)
         names = sorted(sums)
@@ -409,9 +410,11 @@ class RLTrainer:
         metrics.update(upd_metrics)
         if update_actor:
             metrics.setdefault("actor/clipfrac", 0.0)  # losses without a ratio clip nothing
-        self.actor_scheduler.step()
-        if self.critic_scheduler is not None:
-            self.critic_scheduler.step()
+        with warnings.catch_warnings():  # a skipped (non-finite) optimizer step is not a bug here
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
+            self.actor_scheduler.step()
+            if self.critic_scheduler is not None:
+                self.critic_scheduler.step()
         self._after_update(step, metrics)
         if skipped:
             self.nonfinite_in_a_row += 1
@@ -425,11 +428,6 @@ class RLTrainer:
         metrics["actor/kl"] = metrics.get("rollout/ref_kl", 0.0)
         metrics["actor/updated"] = float(update_actor)
         metrics["timing/rollout"] = t_rollout
-        metrics["timing/search"] = (
-            metrics.pop("timing/search_sum", 0.0)
-            * metrics.get("rollout/trajectories", 1.0)
-            / max(1.0, metrics.get("rollout/trajectories", 1.0))
-        )
         metrics["timing/update"] = t_update
         metrics["timing/step"] = time.perf_counter() - t_step
         metrics["train/epoch"] = float(self.sampler.epoch)

@@ -108,3 +108,39 @@ def token_set_reward(ctx: Any) -> float:
 def read_metrics(out_dir: Path) -> list[dict[str, Any]]:
     path = Path(out_dir) / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+NAN_CALLS = {"left": 0}
+
+
+def nan_reward(ctx: Any) -> float:
+    """NaN while ``NAN_CALLS['left'] > 0`` (counted down per trajectory), then the token-set reward."""
+    if NAN_CALLS["left"] > 0:
+        NAN_CALLS["left"] -= 1
+        return float("nan")
+    return token_set_reward(ctx)
+
+
+class ForceSearch:
+    """A rollout steer: turn 0 is ``<search> x x </search>``, later turns ``<answer> x x </answer>``;
+    the tokens in between are sampled from the model (every forward pass stays real)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        ids = tokenizer.convert_tokens_to_ids
+        self.search = (ids("<search>"), ids("</search>"))
+        self.answer = (ids("<answer>"), ids("</answer>"))
+        self.tags = {*self.search, *self.answer}
+
+    def __call__(self, rows: list, logits: Any) -> Any:
+        import torch
+
+        for i, row in enumerate(rows):
+            opening, closing = self.search if row.turn == 0 else self.answer
+            n = len(row.turn_ids)
+            force = opening if n == 0 else closing if n == 3 else None
+            if force is None:
+                logits[i, list(self.tags)] = -torch.inf
+            else:
+                logits[i] = -torch.inf
+                logits[i, force] = 0.0
+        return logits

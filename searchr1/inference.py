@@ -6,8 +6,10 @@
     result.answer, result.queries, result.trajectory.searches
 
 The agent runs the same rollout engine, prompt and scoring record as training and ``searchr1 eval``
-(greedy decoding), so what it does here is what it did there. ``on_event`` receives the trajectory
-piece by piece (reasoning text, each search with its hits, the answer) for display.
+(greedy decoding), so what it does here is what it did there. ``on_event`` receives the answer as it
+is produced: the reasoning text while it is generated (a token behind the model: each turn's last
+token, the closing tag, is not streamed), each search with its hits when the search returns, and
+the answer at the end.
 """
 
 from __future__ import annotations
@@ -83,6 +85,58 @@ class AgentAnswer:
         }
 
 
+class StreamingObserver:
+    """A steer that changes nothing: it decodes each row's current turn as tokens arrive and passes
+    the new text on (the rollout engine calls steers before choosing each token, so the text runs one
+    token behind). ``inner`` is a real steer to apply afterwards, if any."""
+
+    def __init__(self, tokenizer: Any, inner: Any = None):
+        self.tokenizer = tokenizer
+        self.inner = inner
+        self.emit: Callable[[AgentEvent], None] | None = None
+        self._turn: tuple[int, int] | None = None
+        self._shown = ""
+
+    def __call__(self, rows: list[Any], logits: Any) -> Any:
+        if self.emit is not None:
+            for row in rows[:1]:  # ask() generates one row
+                key = (row.index, row.turn)
+                if key != self._turn:
+                    self._turn, self._shown = key, ""
+                text = self.tokenizer.decode(list(row.turn_ids), skip_special_tokens=False)
+                if (
+                    text.startswith(self._shown)
+                    and not text.endswith("\ufffd")
+                    and len(text) > len(self._shown)
+                ):
+                    self.emit(AgentEvent("text", text[len(self._shown) :]))
+                    self._shown = text
+        return self.inner(rows, logits) if self.inner is not None else logits
+
+
+class ObservedRetriever:
+    """Wraps a retriever and reports every search (query and hits) as it returns."""
+
+    def __init__(self, retriever: Any):
+        self.retriever = retriever
+        self.emit: Callable[[AgentEvent], None] | None = None
+
+    def search(self, queries: list[str], topk: int) -> list[list[Any]]:
+        results = self.retriever.search(queries, topk)
+        if self.emit is not None:
+            for query, hits in zip(queries, results, strict=True):
+                self.emit(
+                    AgentEvent(
+                        "search", query, [h.to_dict() if hasattr(h, "to_dict") else dict(h) for h in hits]
+                    )
+                )
+        return results
+
+    def close(self) -> None:
+        if hasattr(self.retriever, "close"):
+            self.retriever.close()
+
+
 def open_search_backend(backend: Any, topk: int = 3) -> Any:
     """A ``Retriever`` from a retriever object, a server URL, an index folder or a corpus jsonl."""
     from searchr1.retrieval.base import Retriever
@@ -153,7 +207,11 @@ class Agent:
         cfg.rollout.max_turn_tokens = max_turn_tokens
         cfg.retrieval.topk = topk
         self.config = cfg
-        self.engine = build_engine(cfg, model, tokenizer, self.retriever, **engine_kwargs)
+        self._observer = StreamingObserver(tokenizer, inner=engine_kwargs.pop("steer", None))
+        self._searches = ObservedRetriever(self.retriever)
+        self.engine = build_engine(
+            cfg, model, tokenizer, self._searches, steer=self._observer, **engine_kwargs
+        )
 
     def ask_many(self, questions: list[str]) -> list[AgentAnswer]:
         """Answer several questions in one batch (greedy)."""
@@ -179,11 +237,16 @@ class Agent:
         return out
 
     def ask(self, question: str, on_event: Callable[[AgentEvent], None] | None = None) -> AgentAnswer:
-        """Answer ``question``; ``on_event`` gets the reasoning, searches with hits, and the answer in order."""
-        result = self.ask_many([question])[0]
+        """Answer ``question``; ``on_event`` gets the reasoning as it is generated, each search with
+        its hits as it returns, then the answer (``AgentAnswer.events()`` replays the same afterwards)."""
+        self._observer.emit = self._searches.emit = on_event
+        self._observer._turn = None
+        try:
+            result = self.ask_many([question])[0]
+        finally:
+            self._observer.emit = self._searches.emit = None
         if on_event is not None:
-            for event in result.events():
-                on_event(event)
+            on_event(AgentEvent("answer", result.answer or ""))
         return result
 
     def close(self) -> None:

@@ -156,10 +156,21 @@ def test_agent_api_shows_searches_and_hits(tiny_model_dir, world_files):
         events = []
         result = agent.ask(question, on_event=events.append)
     assert result.answer == WORLD[2][4] and result.queries == ["Ivo Marsk", "Ivo Marsk"]
+    # streamed while generating: text pieces, each search when it returns, then the answer
     kinds = [e.kind for e in events]
-    assert kinds == ["text", "search", "text", "search", "text", "answer"]
-    assert events[1].text == "Ivo Marsk" and events[1].hits[0]["title"] == "Ivo Marsk"
+    collapsed = [k for i, k in enumerate(kinds) if i == 0 or k != kinds[i - 1]]
+    assert collapsed == ["text", "search", "text", "search", "text", "answer"]
+    assert kinds.count("text") > 3, "reasoning arrives in pieces, not at the end"
+    searches = [e for e in events if e.kind == "search"]
+    assert [e.text for e in searches] == ["Ivo Marsk", "Ivo Marsk"]
+    assert searches[0].hits[0]["title"] == "Ivo Marsk"
+    streamed = "".join(e.text for e in events if e.kind == "text")
+    generated = [seg["text"] for seg in result.record["segments"] if seg["role"] == "generated"]
+    assert streamed == "".join(g[: g.rindex("<")] for g in generated), "each turn up to its closing tag"
     assert events[-1].text == WORLD[2][4]
+    # the same story replayed from the finished trajectory
+    replay = [e.kind for e in result.events()]
+    assert replay == ["text", "search", "text", "search", "text", "answer"]
     assert result.trajectory.searches == 2
 
 

@@ -72,5 +72,5 @@ def test_api_presets_and_errors(tmp_path):
     )
     with pytest.raises(ValueError, match="rl_algorithm"):
         SearchR1Trainer(rl_algorithm="dpo")
-    with pytest.raises(ValueError, match="reward.components"):
+    with pytest.raises(ValueError, match=r"reward\.components"):
         SearchR1Trainer(reward_config={"corect_answer": 1.0})

@@ -259,3 +259,33 @@ def test_report_command_on_an_eval_folder(tiny_model_dir, world_files, tmp_path,
     assert "Where was Ivo Marsk born" not in page  # the nq file only
     assert "In which country is Tarnholm" in page and "mode: direct" in page
     assert Path(tmp_path / "r.html").stat().st_size > 5000
+
+
+def test_eval_on_a_merged_parquet_reports_each_source(tiny_model_dir, world_files, tmp_path, capsys):
+    """The benchmark sources in one file (Search-R1's merged test parquet): one row per data_source."""
+    from searchr1.data.formats import load_samples, merge_samples, write_parquet
+
+    merged = merge_samples([load_samples(world_files["synth"]), load_samples(world_files["nq"])])
+    parquet = write_parquet(merged, tmp_path / "test.parquet")
+    out = tmp_path / "ev"
+    code, stdout, _ = run_cli(
+        [
+            "eval",
+            "--model",
+            tiny_model_dir,
+            "--data",
+            parquet,
+            "--mode",
+            "direct",
+            "--out",
+            out,
+            "--json",
+            *TINY_LIMITS,
+        ],
+        capsys,
+    )
+    assert code == 0
+    summary = json.loads(stdout)
+    assert {k: v["n"] for k, v in summary["sources"].items()} == {"synth": 3, "nq": 3}
+    records = [json.loads(x) for x in (out / "trajectories.jsonl").read_text().splitlines()]
+    assert sorted(r["data_source"] for r in records) == ["nq"] * 3 + ["synth"] * 3

@@ -68,5 +68,7 @@ class UserFacingError(Exception):
     """An error whose message is the whole story for the user (no traceback is shown)."""
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # `python -m searchr1.cli`: use the package's own module so errors match
+    from searchr1.cli import main as _main
+
+    sys.exit(_main())

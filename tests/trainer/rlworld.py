@@ -31,6 +31,14 @@ QUESTIONS = [
     ("what did Mira Lund write", ["The Glass Field"]),
     ("in which country is Borvik", ["Tarnland"]),
     ("when was Alice Verdan born", ["1901"]),
+    ("when was Mira Lund born", ["1923"]),
+    ("who wrote The Glass Field", ["Mira Lund"]),
+    ("where is the Quillon Press based", ["Borvik"]),
+    ("what kind of place is Borvik", ["city"]),
+    ("what is the Ost", ["river"]),
+    ("what did Alice Verdan found", ["Quillon Press"]),
+    ("which city is the capital of Tarnland", ["Borvik"]),
+    ("in which city was Mira Lund born", ["Kessa"]),
 ]
 
 

@@ -19,6 +19,7 @@ import contextlib
 import json
 import os
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -92,11 +93,17 @@ class MicroBatcher:
                 await self._task
         self._executor.shutdown(wait=False)
 
-    async def search(self, queries: list[str], topk: int) -> list[list[Hit]]:
+    async def search(self, queries: list[str], topk: int) -> tuple[list[list[Hit]], tuple[float, float]]:
+        """Hits for ``queries`` and (wall, cpu) seconds of the backend call that answered them."""
         assert self.queue is not None, "batcher not started"
         fut = asyncio.get_running_loop().create_future()
         await self.queue.put((queries, topk, fut))
         return await fut
+
+    def _timed_search(self, queries: list[str], topk: int) -> tuple[list[list[Hit]], tuple[float, float]]:
+        wall, cpu = time.perf_counter(), time.thread_time()
+        results = self.retriever.search(queries, topk)
+        return results, (time.perf_counter() - wall, time.thread_time() - cpu)
 
     async def _run(self) -> None:
         assert self.queue is not None
@@ -115,7 +122,9 @@ class MicroBatcher:
                 queries = [q for g in group for q in g[0]]
                 try:
                     self.backend_calls += 1
-                    results = await loop.run_in_executor(self._executor, self.retriever.search, queries, topk)
+                    results, seconds = await loop.run_in_executor(
+                        self._executor, self._timed_search, queries, topk
+                    )
                     if len(results) != len(queries):
                         raise RuntimeError(
                             f"backend returned {len(results)} results for {len(queries)} queries"
@@ -128,7 +137,7 @@ class MicroBatcher:
                 start = 0
                 for qs, _, fut in group:
                     if not fut.done():
-                        fut.set_result(results[start : start + len(qs)])
+                        fut.set_result((results[start : start + len(qs)], seconds))
                     start += len(qs)
 
 
@@ -209,7 +218,7 @@ def create_app(
             except UnicodeEncodeError:
                 raise HTTPException(422, f"query {i} is not valid Unicode (lone surrogate)") from None
         try:
-            results = await batcher.search(req.queries, topk)
+            results, search_s = await batcher.search(req.queries, topk)
         except Exception as exc:
             raise HTTPException(503, f"search backend failed: {type(exc).__name__}: {exc}") from exc
         if req.return_scores:
@@ -217,7 +226,9 @@ def create_app(
         else:
             payload = [[_doc(h) for h in hits] for hits in results]
         body = json.dumps({"result": payload}, ensure_ascii=False).encode("utf-8")
-        return Response(content=body, media_type="application/json")
+        # Server-Timing: wall and CPU milliseconds of the backend call that answered this request
+        timing = f"search;dur={search_s[0] * 1000:.2f}, search-cpu;dur={search_s[1] * 1000:.2f}"
+        return Response(content=body, media_type="application/json", headers={"Server-Timing": timing})
 
     return app
 
@@ -233,8 +244,6 @@ def serve_in_thread(
         with serve_in_thread(create_app(retriever)) as (url, stop):
             RetrievalClient(url).search(["q"], 3)
     """
-    import time
-
     import uvicorn
 
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on", access_log=False)
@@ -259,6 +268,28 @@ def serve_in_thread(
         stop()
 
 
+def tune_malloc_for_search() -> bool:
+    """Stop glibc from handing large freed blocks back to the kernel after every query (Linux only).
+
+    A search allocates corpus-sized temporaries (BM25 scores, top-k buffers). In a worker thread's
+    malloc arena glibc returns them to the kernel on free, so the next query page-faults them back in:
+    measured on a 30k-passage BM25 index, twice the CPU per batch of the same search run in process.
+    Raising the mmap and trim thresholds keeps that memory in the process for reuse.
+    """
+    import ctypes
+    import ctypes.util
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        m_trim_threshold, m_mmap_threshold = -1, -3
+        return bool(libc.mallopt(m_mmap_threshold, 32 << 20) and libc.mallopt(m_trim_threshold, 256 << 20))
+    except (OSError, AttributeError):
+        return False
+
+
 def run_server(
     retriever: Retriever,
     host: str = "127.0.0.1",
@@ -272,5 +303,6 @@ def run_server(
     import uvicorn
 
     api_key = api_key or os.environ.get(API_KEY_ENV) or None
+    tune_malloc_for_search()
     app = create_app(retriever, limits, api_key, default_topk, num_documents)
     uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)

@@ -26,7 +26,9 @@ def server(bm25):
 
 def test_search_r1_wire_format(server, bm25, docs):
     queries = [docs[3].title, docs[10].title]
-    body = HTTP.post(f"{server}/retrieve", json={"queries": queries, "topk": 2, "return_scores": True}).json()
+    resp = HTTP.post(f"{server}/retrieve", json={"queries": queries, "topk": 2, "return_scores": True})
+    assert resp.headers["server-timing"].startswith("search;dur=")
+    body = resp.json()
     expected = bm25.search(queries, 2)
     assert len(body["result"]) == 2
     for hits, want in zip(body["result"], expected, strict=True):

@@ -29,6 +29,11 @@ and its predecessor are real tokens (``attention_mask``) and, with ``position_id
 a new sequence (``position_ids[b, t] != 0``): so packed rows (several sequences in one row with
 positions restarting at 0, see ``searchr1.trainer.batching``) never score a token from the previous
 sequence's context.
+
+Distributed training: pass the bare model (or its peft wrapper) and wrap the *module that calls*
+``token_logprobs`` with DDP / FSDP2 (like the trainer's ``PolicyLogprobs``), so their forward hooks
+run. The fused path reads ``lm_head.weight`` directly instead of calling ``lm_head``: under FSDP2
+leave the LM head in the root unit (not a ``fully_shard`` unit of its own).
 """
 
 from __future__ import annotations

@@ -234,3 +234,13 @@ def test_bad_arguments_are_named() -> None:
         chunked_head_logprobs(torch.randn(3, 4), head, torch.zeros(3, dtype=torch.long), chunk_size=0)
     with pytest.raises(ValueError, match="temperature"):
         chunked_head_logprobs(torch.randn(3, 4), head, torch.zeros(3, dtype=torch.long), temperature=0)
+
+
+def test_works_with_gradient_checkpointing() -> None:
+    model = make_model()
+    ids, mask = batch()
+    ref = grads_of(model, naive_token_logprobs(model, ids, mask).sum())
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    lp = token_logprobs(model, ids, mask)
+    assert_same_grads(grads_of(model, lp.sum()), ref)

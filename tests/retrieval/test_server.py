@@ -81,6 +81,8 @@ def test_bad_requests_answer_4xx_and_server_keeps_serving(server, docs, name, bo
     resp = HTTP.post(f"{server}/retrieve", content=body, headers={"content-type": "application/json"})
     assert resp.status_code == status
     assert resp.json()["detail"]  # a message for the caller
+    if name == "invalid utf-8":
+        assert "UTF-8" in resp.json()["detail"]
     ok = HTTP.post(f"{server}/retrieve", json={"queries": [docs[0].title], "topk": 1})
     assert ok.status_code == 200 and ok.json()["result"][0][0]["id"] == docs[0].id
 

@@ -85,6 +85,12 @@ class SearchJob:
         if not isinstance(hits, list) or len(hits) != len(self.queries):
             got = len(hits) if isinstance(hits, list) else type(hits).__name__
             raise SearchError(f"backend answered {got} result lists for {len(self.queries)} queries")
+        for per_query in hits:
+            for hit in per_query:
+                if not isinstance(getattr(hit, "title", None), str) or not isinstance(
+                    getattr(hit, "text", None), str
+                ):
+                    raise SearchError(f"backend answered a malformed hit {hit!r:.80} (expected a Hit)")
 
     def deadline(self) -> float:
         """Seconds until the current attempt times out."""

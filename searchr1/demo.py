@@ -10,7 +10,7 @@
 
     searchr1 demo                 # ~ a few minutes on 2 cores
     searchr1 demo --quick         # < 1 minute: a handful of steps
-    searchr1 demo --out runs/demo --steps 60
+    searchr1 demo --out runs/demo --steps 40
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 searchr1 train --config configs/tiny_cpu.yaml trainer.total_steps=50 trainer.out_dir=runs/tiny
 searchr1 train --config configs/grpo_qwen2.5_3b.yaml data.train_files=[train.parquet]
-torchrun --nproc_per_node 8 -m searchr1.cli train --config configs/ppo_qwen2.5_3b.yaml
+torchrun --nproc_per_node 8 -m searchr1 train --config configs/ppo_qwen2.5_3b.yaml
 searchr1 train --plot runs/tiny                 # (re)write the PNG plots of a run
 searchr1 train --config X.yaml --print-config   # the resolved configuration, nothing trained
 """

@@ -83,6 +83,14 @@ def tiny_model_folder(out_dir: Path, texts: list[str], seed: int) -> Path:
     return folder
 
 
+def prepare_files(cfg: Any) -> None:
+    """Write what every rank then reads: the synthetic world and the tiny model (idempotent)."""
+    out_dir = Path(cfg.trainer.out_dir)
+    train_files, _, corpus = resolve_data(cfg, out_dir)
+    if cfg.model.path == "tiny":
+        tiny_model_folder(out_dir, _tiny_texts(load_samples(train_files), corpus), cfg.seed)
+
+
 def build(cfg: Any, injected: dict[str, Any], resume_from: Path | None, is_main: bool = True) -> Built:
     out_dir = Path(cfg.trainer.out_dir)
     # -- data

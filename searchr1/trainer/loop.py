@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import math
 import signal
 import sys
@@ -89,7 +88,6 @@ class RLTrainer:
         self.device = resolve_device(self.tcfg.device)
         self.dist: DistInfo = init_distributed(self.device)
         self._check_world()
-        self.use_critic = self.algo.advantage == "gae"
         self.step = 0
         self.nonfinite_in_a_row = 0
         self.nonfinite_total = 0
@@ -125,6 +123,9 @@ class RLTrainer:
         from searchr1.trainer import components
 
         torch.manual_seed(self.cfg.seed)
+        if self.dist.is_main and self._injected["train_samples"] is None:
+            components.prepare_files(self.cfg)  # world / tiny model written once, by rank 0
+        barrier(self.dist)
         resume_from = checkpoint.resolve_resume(self.tcfg.resume, self.out_dir)
         built = components.build(self.cfg, self._injected, resume_from=resume_from, is_main=self.dist.is_main)
         self.tokenizer = built.tokenizer
@@ -411,7 +412,7 @@ class RLTrainer:
         if update_actor:
             metrics.setdefault("actor/clipfrac", 0.0)  # losses without a ratio clip nothing
         with warnings.catch_warnings():  # a skipped (non-finite) optimizer step is not a bug here
-            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
             self.actor_scheduler.step()
             if self.critic_scheduler is not None:
                 self.critic_scheduler.step()
@@ -682,7 +683,3 @@ class RLTrainer:
                     )
                     + "\n"
                 )
-
-
-def dataclass_copy(obj: Any) -> Any:
-    return copy.deepcopy(obj) if dataclasses.is_dataclass(obj) else obj

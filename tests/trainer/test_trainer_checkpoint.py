@@ -22,7 +22,9 @@ def _write(out, step, keep_last=2, fail=False):
         if fail:
             raise RuntimeError("killed while writing")
 
-    return checkpoint.save_checkpoint(out, step, write_model, {"step": step}, "seed: 0\n", keep_last=keep_last)
+    return checkpoint.save_checkpoint(
+        out, step, write_model, {"step": step}, "seed: 0\n", keep_last=keep_last
+    )
 
 
 def test_keep_last_and_resume_resolution(tmp_path):

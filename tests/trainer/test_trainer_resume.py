@@ -30,7 +30,7 @@ def _command(world, model_dir, out_dir) -> list[str]:
         reward__components={"rlworld:token_set_reward": 1.0},
         algorithm__advantage="grpo",
     )
-    return [sys.executable, "-m", "searchr1.cli", "train", *extra]
+    return [sys.executable, "-m", "searchr1", "train", *extra]
 
 
 def _env() -> dict[str, str]:

@@ -1,1 +1,16 @@
-"""searchr1.rollout"""
+"""searchr1.rollout: prompts in, multi-turn token-in / token-out trajectories out.
+
+Reading order (follows the data path):
+  config.py    RolloutConfig (section ``rollout``)
+  sampling.py  SamplingParams, per-row seeded sampler, which log-probs are stored
+  actions.py   <search> / <answer> parsing and turn stopping on decoded text
+  episode.py   one trajectory's state machine (turns, observations, budgets, failures)
+  search.py    searches in a thread pool with timeout and retries
+  kv.py        KVBatch: independent streams sharing one KV cache (holes, compaction)
+  hf.py        HFRolloutEngine (KV cache across turns, async search) and TurnSyncRolloutEngine
+  engine.py    RolloutEngine interface, build_engine, expand_groups, rollout_metrics
+  steer.py     logits steering hook and the scripted Search-R1-like workload
+  types.py     Trajectory, Role
+
+Nothing is imported here, so ``import searchr1.rollout.config`` stays light.
+"""

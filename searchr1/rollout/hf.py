@@ -30,7 +30,7 @@ from searchr1.rollout.actions import StopDetector, eos_token_ids
 from searchr1.rollout.config import RolloutConfig
 from searchr1.rollout.engine import RolloutEngine
 from searchr1.rollout.episode import Episode, EpisodeContext
-from searchr1.rollout.kv import KVBatch
+from searchr1.rollout.kv import KVBatch, model_config
 from searchr1.rollout.sampling import SamplingParams, logprob_temperature, row_generators, sample_tokens
 from searchr1.rollout.search import SearchJob, SearchRunner
 from searchr1.rollout.steer import Steer, SteerRow
@@ -73,7 +73,7 @@ class _HFEngineBase(RolloutEngine):
     def max_context(self) -> int:
         if self.config.max_context:
             return self.config.max_context
-        return int(getattr(self.model.config, "max_position_embeddings", 0) or 2**31 - 1)
+        return int(getattr(model_config(self.model), "max_position_embeddings", 0) or 2**31 - 1)
 
     def close(self) -> None:
         self.runner.close()

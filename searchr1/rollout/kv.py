@@ -23,6 +23,16 @@ from typing import Any
 import torch
 
 
+def model_config(model: Any) -> Any:
+    """The Hugging Face config of ``model``, also through a DDP-style ``.module`` wrapper."""
+    config = getattr(model, "config", None)
+    if config is None:
+        config = getattr(getattr(model, "module", None), "config", None)
+    if config is None:
+        raise TypeError(f"{type(model).__name__} has no Hugging Face .config (nor .module.config)")
+    return config
+
+
 class KVBatch:
     """Slots of token streams decoded together with one cache; see the module docstring."""
 
@@ -32,7 +42,8 @@ class KVBatch:
         self.model = model
         self.pad_id = int(pad_id)
         self.device = next(model.parameters()).device
-        self.cache = DynamicCache(config=model.config)
+        self.config = model_config(model)
+        self.cache = DynamicCache(config=self.config)
         self.mask = torch.zeros(n_slots, 0, dtype=torch.long, device=self.device)
         self.n_real = [0] * n_slots
         """Tokens each slot holds (its next position id)."""
@@ -150,7 +161,7 @@ class KVBatch:
         ids, chunk_mask, positions = self._inputs(feeds, slots)
         width = ids.shape[1]
         blind = self._blind(feeds, slots, width)
-        sub = DynamicCache(config=self.model.config)
+        sub = DynamicCache(config=self.config)
         for i, layer in enumerate(self.cache.layers):
             sub.update(layer.keys.index_select(0, idx), layer.values.index_select(0, idx), i)
         out = self.model(

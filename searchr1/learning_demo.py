@@ -1,0 +1,463 @@
+"""The learning demo: RL with outcome rewards teaches a tiny model to search, on a CPU, in minutes.
+
+For each seed:
+
+1. **World**: the embedded synthetic encyclopedia (``searchr1.data.synth``, world seed = the demo
+   seed), its corpus indexed with BM25. Test questions ask about entities that no training
+   question mentions.
+2. **Starting model** (shared by the seeds, cached under the run folder): a tiny Qwen2-style LM
+   pre-trained self-supervised on *other* worlds (``searchr1.pretrain``); it has never seen a
+   question answered, nor a search trajectory.
+3. **Before**: greedy evaluation on the held-out test questions (``searchr1.evaluation``).
+4. **RL** with ``searchr1.trainer`` (GRPO by default), reward = the answer's exact match/F1 only:
+   nothing rewards searching itself.
+5. **After**: the same evaluation.
+6. **Search disabled**: steps 3-5 again from the same starting model, with a search engine that
+   returns no documents: the model can only answer from its weights.
+
+``summary.json`` holds, per seed, ``em_before``, ``em_after``, ``searches_before``,
+``searches_after`` and the same under ``no_search``; the console shows the before/after table,
+one trajectory before and after, and where the plots and HTML reports are.
+
+    searchr1 demo                 # 3 seeds, <= 15 min on 2 cores
+    searchr1 demo --quick         # 1 seed, fewer steps, <= 3 min
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from searchr1.pretrain import PretrainSettings
+
+CONFIG_NAME = "demo_learning"
+"""The shipped RL config of the demo (``searchr1/configs/demo_learning.yaml``)."""
+PROMPT_FILE = "prompt.txt"
+SUMMARY_FILE = "summary.json"
+
+
+@dataclass
+class DemoSettings:
+    """One demo run (``quick`` shrinks steps, seeds and the test set)."""
+
+    seeds: tuple[int, ...] = (0, 1, 2)
+    """World and RL seeds; one full run (search on and off) per seed."""
+    algorithm: str = "grpo"
+    """grpo | ppo | rloo | reinforce | reinforce_plus_plus."""
+    steps: int = 0
+    """RL steps per run (0 = the config's ``trainer.total_steps``)."""
+    num_test: int = 64
+    """Held-out test questions evaluated before and after."""
+    world: dict[str, Any] = field(
+        default_factory=lambda: {"filler_sentences": 1, "hop_mix": {"single": 1.0}, "num_entities": 300}
+    )
+    """SynthConfig knobs of the demo worlds (the seed comes from ``seeds``)."""
+    pretrain: PretrainSettings = field(default_factory=PretrainSettings)
+    """How the starting model is built."""
+    no_search: bool = True
+    """Also run the search-disabled control."""
+    overrides: list[str] = field(default_factory=list)
+    """Extra dotted config overrides for the RL runs (``rollout.n=4`` ...)."""
+
+    @classmethod
+    def quick_settings(cls) -> DemoSettings:
+        return cls(seeds=(0,), steps=0, num_test=48, overrides=["trainer.total_steps=40"])
+
+
+class NoSearch:
+    """A search backend that finds nothing: with it, every ``<information>`` block is empty."""
+
+    name = "none"
+
+    def search(self, queries: Sequence[str], topk: int) -> list[list[Any]]:
+        return [[] for _ in queries]
+
+
+# ---------------------------------------------------------------------------------------------
+# pieces
+# ---------------------------------------------------------------------------------------------
+
+
+def build_world(seed: int, settings: DemoSettings, folder: Path) -> tuple[Any, dict[str, Path]]:
+    from searchr1.data.synth import SynthConfig, generate_world, write_world
+
+    world = generate_world(SynthConfig(seed=seed, **settings.world))
+    return world, write_world(world, folder)
+
+
+def build_bm25(corpus_path: Path) -> Any:
+    from searchr1.retrieval.bm25 import BM25Retriever
+    from searchr1.retrieval.corpus import read_corpus
+
+    return BM25Retriever.from_documents(list(read_corpus(corpus_path)))
+
+
+def rl_config(
+    settings: DemoSettings, seed: int, out_dir: Path, prompt_path: Path, extra: Sequence[str] = ()
+) -> Any:
+    """The RL configuration of one run: the shipped demo config plus the run's own keys."""
+    from searchr1.config import load_config
+    from searchr1.trainer.configs import shipped_config
+
+    path = shipped_config(CONFIG_NAME)
+    if path is None:
+        raise FileNotFoundError(f"shipped config {CONFIG_NAME}.yaml is missing")
+    overrides = [
+        f"seed={seed}",
+        f"trainer.out_dir={out_dir}",
+        f"data.template={prompt_path}",
+        *algorithm_overrides(settings.algorithm),
+        *settings.overrides,
+        *extra,
+    ]
+    if settings.steps:
+        overrides.append(f"trainer.total_steps={settings.steps}")
+    return load_config(path, overrides)
+
+
+def algorithm_overrides(name: str) -> list[str]:
+    """Config keys selecting an algorithm by its common name."""
+    table = {
+        "grpo": ["algorithm.advantage=grpo"],
+        "ppo": ["algorithm.advantage=gae", "trainer.critic_warmup_steps=0"],
+        "rloo": ["algorithm.advantage=rloo"],
+        "reinforce": ["algorithm.advantage=reinforce"],
+        "reinforce_plus_plus": ["algorithm.advantage=reinforce_plus_plus"],
+    }
+    if name not in table:
+        raise ValueError(f"--algorithm: expected one of {', '.join(table)}, got {name!r}")
+    return table[name]
+
+
+def evaluate_policy(trainer: Any, samples: list[dict], out: Path, template: str, seed: int) -> dict[str, Any]:
+    """Greedy evaluation of the trainer's current policy on ``samples`` (written under ``out``)."""
+    from searchr1.evaluation import evaluate
+
+    trainer.policy.eval()
+    return evaluate(
+        trainer.engine,
+        samples,
+        tokenizer=trainer.tokenizer,
+        mode="agent",
+        batch_size=64,
+        out_dir=out,
+        resume=False,
+        template=template,
+        topk=trainer.cfg.retrieval.topk,
+        seed=seed,
+    )
+
+
+def _overall(summary: dict[str, Any]) -> dict[str, float]:
+    o = summary["overall"]
+    return {k: float(o[k]) for k in ("em", "f1", "searches", "valid_format")}
+
+
+def one_run(
+    settings: DemoSettings,
+    seed: int,
+    model_dir: Path,
+    world_files: dict[str, Path],
+    retriever: Any,
+    out: Path,
+    prompt_path: Path,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
+    """Evaluate, train, evaluate: one policy from the starting model with one search backend."""
+    from searchr1.models import load_model, load_tokenizer
+    from searchr1.trainer.loop import RLTrainer
+
+    cfg = rl_config(settings, seed, out, prompt_path)
+    train = _read_jsonl(world_files["train"])
+    test = _read_jsonl(world_files["test"])[: settings.num_test]
+    trainer = RLTrainer(
+        cfg,
+        model=load_model(model_dir),
+        tokenizer=load_tokenizer(model_dir),
+        retriever=retriever,
+        train_samples=train,
+        val_samples=test,
+    )
+    trainer.setup()
+    t0 = time.perf_counter()
+    before = evaluate_policy(trainer, test, out / "eval_before", str(prompt_path), seed)
+    log(f"  before: EM {before['overall']['em']:.3f}  searches/question {before['overall']['searches']:.2f}")
+    result = trainer.train()
+    after = evaluate_policy(trainer, test, out / "eval_after", str(prompt_path), seed)
+    log(f"  after:  EM {after['overall']['em']:.3f}  searches/question {after['overall']['searches']:.2f}")
+    curve = reward_curve(out / "metrics.jsonl")
+    return {
+        "before": _overall(before),
+        "after": _overall(after),
+        "reward_first": curve[0] if curve else math.nan,
+        "reward_last": curve[-1] if curve else math.nan,
+        "reward_curve": curve,
+        "steps": result.get("step"),
+        "plots": result.get("plots", []),
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def reward_curve(metrics_path: Path, window: int = 5) -> list[float]:
+    """Mean training reward per step, smoothed by a trailing window."""
+    if not metrics_path.is_file():
+        return []
+    raw = []
+    for line in metrics_path.read_text().splitlines():
+        row = json.loads(line)
+        if "reward/mean" in row:
+            raw.append(float(row["reward/mean"]))
+    return [
+        sum(raw[max(0, i - window + 1) : i + 1]) / len(raw[max(0, i - window + 1) : i + 1])
+        for i in range(len(raw))
+    ]
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+# ---------------------------------------------------------------------------------------------
+# the demo
+# ---------------------------------------------------------------------------------------------
+
+
+def run_learning_demo(
+    out_dir: str | Path, settings: DemoSettings | None = None, log: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """Run the whole demo into ``out_dir``; returns (and writes) the summary."""
+    import torch
+
+    settings = settings or DemoSettings()
+    log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+    prompt_path = out / PROMPT_FILE
+    prompt_path.write_text(settings.pretrain.instruction_text, encoding="utf-8")
+
+    from searchr1.pretrain import prepare_starting_model
+
+    log("starting model: pre-training a tiny LM on other worlds (cached under the run folder)")
+    model_dir = prepare_starting_model(out / "starting-model", settings.pretrain, log=lambda s: log("  " + s))
+    manifest = json.loads((model_dir / "pretrain.json").read_text())
+
+    per_seed: dict[str, Any] = {}
+    for seed in settings.seeds:
+        seed_dir = out / f"seed_{seed}"
+        _, files = build_world(seed, settings, seed_dir / "world")
+        bm25 = build_bm25(files["corpus"])
+        row: dict[str, Any] = {}
+        for mode, retriever in (("search", bm25), ("no_search", NoSearch())):
+            if mode == "no_search" and not settings.no_search:
+                continue
+            torch.manual_seed(seed)
+            log(f"seed {seed}: RL with {'BM25 search' if mode == 'search' else 'search disabled'}")
+            row[mode] = one_run(
+                settings, seed, model_dir, files, retriever, seed_dir / mode, prompt_path, log
+            )
+        per_seed[str(seed)] = flat_row(row)
+        per_seed[str(seed)]["runs"] = row
+    summary = {
+        "seeds": per_seed,
+        "mean": mean_row([v for v in per_seed.values()]),
+        "settings": {**asdict(settings), "pretrain": asdict(settings.pretrain)},
+        "starting_model": {k: manifest[k] for k in ("what_it_saw", "parameters", "tokens_seen", "loss_last")},
+        "prompt": settings.pretrain.instruction_text,
+        "seconds": time.perf_counter() - t_start,
+    }
+    (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def flat_row(row: dict[str, Any]) -> dict[str, Any]:
+    """The per-seed keys of summary.json: em/searches before and after, search on and off."""
+    flat: dict[str, Any] = {}
+    for mode, prefix in (("search", ""), ("no_search", "no_search_")):
+        if mode not in row:
+            continue
+        r = row[mode]
+        for metric, name in (
+            ("em", "em"),
+            ("searches", "searches"),
+            ("f1", "f1"),
+            ("valid_format", "valid_format"),
+        ):
+            flat[f"{prefix}{name}_before"] = r["before"][metric]
+            flat[f"{prefix}{name}_after"] = r["after"][metric]
+        flat[f"{prefix}reward_first"] = r["reward_first"]
+        flat[f"{prefix}reward_last"] = r["reward_last"]
+    flat["no_search"] = {
+        k[len("no_search_") :]: v
+        for k, v in flat.items()
+        if isinstance(k, str) and k.startswith("no_search_")
+    }
+    return flat
+
+
+def mean_row(rows: list[dict[str, Any]]) -> dict[str, float]:
+    keys = [k for k, v in rows[0].items() if isinstance(v, int | float)] if rows else []
+    return {k: sum(r[k] for r in rows) / len(rows) for k in keys}
+
+
+def format_results(summary: dict[str, Any]) -> str:
+    """The before/after table, one line per seed and run."""
+    head = f"{'seed':>4}  {'run':<15} {'EM before':>9} {'EM after':>9} {'F1 after':>8} {'search/q before':>15} {'search/q after':>14}"
+    lines = [head, "-" * len(head)]
+    for seed, r in summary["seeds"].items():
+        for label, p in (("search", ""), ("search disabled", "no_search_")):
+            if f"{p}em_before" not in r:
+                continue
+            lines.append(
+                f"{seed:>4}  {label:<15} {r[p + 'em_before']:>9.3f} {r[p + 'em_after']:>9.3f} "
+                f"{r[p + 'f1_after']:>8.3f} {r[p + 'searches_before']:>15.2f} {r[p + 'searches_after']:>14.2f}"
+            )
+    return "\n".join(lines)
+
+
+def example_trajectories(run_dir: Path) -> tuple[dict | None, dict | None]:
+    """One test question shown before and after RL (the first one answered correctly after)."""
+    before_path = run_dir / "eval_before" / "trajectories.jsonl"
+    after_path = run_dir / "eval_after" / "trajectories.jsonl"
+    if not (before_path.is_file() and after_path.is_file()):
+        return None, None
+    before = {r["index"]: r for r in _read_jsonl(before_path)}
+    after = _read_jsonl(after_path)
+    pick = next((r for r in after if r.get("correct") and r.get("searches")), after[0] if after else None)
+    if pick is None:
+        return None, None
+    return before.get(pick["index"]), pick
+
+
+def render_trajectory(rec: dict[str, Any] | None, limit: int = 600) -> str:
+    if rec is None:
+        return "  (none)"
+    text = "".join(seg.get("text", "") for seg in rec.get("segments", []) if seg.get("role") != "prompt")
+    if not text:
+        text = rec.get("response", "")
+    if len(text) > limit:
+        text = text[:limit] + " ..."
+    return (
+        f"  Q: {rec.get('question')}  (gold: {', '.join(rec.get('golden_answers', []))})\n  "
+        + text.replace("\n", "\n  ")
+    )
+
+
+def answer_given(ctx: Any) -> float:
+    """Reward component ``searchr1.learning_demo:answer_given``: 1 if the response closes an
+    ``<answer>`` tag (a format term; it does not look at the answer's content or at searches)."""
+    return float(ctx.answer is not None)
+
+
+# ---------------------------------------------------------------------------------------------
+# console
+# ---------------------------------------------------------------------------------------------
+
+
+def print_report(summary: dict[str, Any], out: Path, log: Callable[[str], None] = print) -> None:
+    """The console view: targets, per-seed table, one trajectory before/after, where things are."""
+    log("")
+    log("held-out test questions (entities never asked about in training), greedy decoding:")
+    log(format_results(summary))
+    m = summary["mean"]
+    if "em_before" in m:
+        log(
+            f"mean over {len(summary['seeds'])} seed(s): EM {m['em_before']:.3f} -> {m['em_after']:.3f} "
+            f"(gain {m['em_after'] - m['em_before']:+.3f}); searches/question "
+            f"{m['searches_before']:.2f} -> {m['searches_after']:.2f}"
+        )
+    if "no_search_em_before" in m:
+        log(
+            f"search disabled:        EM {m['no_search_em_before']:.3f} -> {m['no_search_em_after']:.3f} "
+            f"(gain {m['no_search_em_after'] - m['no_search_em_before']:+.3f})"
+        )
+    first = next(iter(summary["seeds"]), None)
+    if first is not None:
+        before, after = example_trajectories(out / f"seed_{first}" / "search")
+        log("")
+        log(f"one test question, seed {first}, before RL:")
+        log(render_trajectory(before))
+        log("after RL:")
+        log(render_trajectory(after))
+    log("")
+    log(f"starting model saw: {summary['starting_model']['what_it_saw']}")
+    for seed in summary["seeds"]:
+        runs = summary["seeds"][seed].get("runs", {})
+        for mode, r in runs.items():
+            for p in r.get("plots", []):
+                log(f"plot ({mode}, seed {seed}): {p}")
+        if summary["seeds"][seed].get("report"):
+            log(f"HTML report (seed {seed}): {summary['seeds'][seed]['report']}")
+    log(f"summary: {out / SUMMARY_FILE}   ({summary['seconds']:.0f} s)")
+
+
+def write_reports(summary: dict[str, Any], out: Path) -> None:
+    """An HTML report per seed of the search-enabled training run (``searchr1 report``)."""
+    from searchr1.report import build_report
+
+    for seed, row in summary["seeds"].items():
+        run_dir = out / f"seed_{seed}" / "search"
+        try:
+            row["report"] = str(build_report(run_dir))
+        except Exception as exc:  # a report never fails the demo
+            row["report"] = None
+            print(f"warning: no HTML report for seed {seed}: {exc}", file=sys.stderr)
+
+
+def default_out_dir() -> Path:
+    return Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m searchr1.learning_demo [--quick] [--out DIR] [--seeds 0 1 2] [--algorithm grpo]``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="searchr1 demo", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    add_arguments(parser)
+    return run_from_args(parser.parse_args(argv))
+
+
+def add_arguments(parser: Any) -> None:
+    parser.add_argument("--out", default=None, help="run folder (default: a new runs/demo-<time>)")
+    parser.add_argument("--quick", action="store_true", help="1 seed, fewer steps: <= 3 minutes on 2 cores")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default 0 1 2; --quick 0)")
+    parser.add_argument(
+        "--algorithm", default="grpo", help="grpo (default) | ppo | rloo | reinforce | reinforce_plus_plus"
+    )
+    parser.add_argument("--steps", type=int, default=0, help="RL steps per run (default: the recipe's)")
+    parser.add_argument("--no-control", action="store_true", help="skip the search-disabled control runs")
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
+    parser.add_argument("overrides", nargs="*", help="extra dotted key=value overrides of the RL config")
+
+
+def run_from_args(args: Any) -> int:
+    import torch
+
+    torch.set_num_threads(max(1, args.threads))
+    settings = DemoSettings.quick_settings() if args.quick else DemoSettings()
+    settings = replace(
+        settings,
+        algorithm=args.algorithm,
+        steps=args.steps or settings.steps,
+        no_search=not args.no_control,
+        overrides=[*settings.overrides, *args.overrides],
+    )
+    if args.seeds:
+        settings = replace(settings, seeds=tuple(args.seeds))
+    out = Path(args.out) if args.out else default_out_dir()
+    summary = run_learning_demo(out, settings)
+    write_reports(summary, out)
+    (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    print_report(summary, out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,58 @@
+"""The learning demo end to end: summary.json, the search-disabled control, the reward curve."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from searchr1.learning_demo import DemoSettings, NoSearch, format_results, run_learning_demo
+from searchr1.pretrain import PretrainSettings
+
+TINY_PRETRAIN = PretrainSettings(
+    worlds=1, num_entities=40, steps=3, hidden_size=16, num_heads=2, seq_len=32, batch_size=2, vocab_size=300
+)
+TINY_RL = [
+    "trainer.total_steps=2",
+    "trainer.batch_size=2",
+    "trainer.mini_batch_size=2",
+    "rollout.n=2",
+    "trainer.progress_bar=false",
+]
+
+
+def test_no_search_backend_finds_nothing():
+    assert NoSearch().search(["Alice Verdan", "Borvik"], topk=3) == [[], []]
+
+
+def test_tiny_run_writes_the_summary_with_both_runs(tmp_path):
+    settings = DemoSettings(
+        seeds=(3,), num_test=4, pretrain=TINY_PRETRAIN, overrides=TINY_RL, world={"num_entities": 40}
+    )
+    summary = run_learning_demo(tmp_path, settings, log=lambda s: None)
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    row = on_disk["seeds"]["3"]
+    for key in ("em_before", "em_after", "searches_before", "searches_after"):
+        assert 0.0 <= row[key] <= 10.0
+        assert key in row["no_search"]
+    runs = row["runs"]
+    assert runs["search"]["steps"] == 2 and runs["no_search"]["steps"] == 2
+    assert len(runs["search"]["reward_curve"]) == 2
+    # the control's searches, if any, returned nothing
+    for line in (
+        (tmp_path / "seed_3" / "no_search" / "eval_after" / "trajectories.jsonl").read_text().splitlines()
+    ):
+        assert all(hits == [] for hits in json.loads(line)["documents"])
+    assert "what_it_saw" in summary["starting_model"]
+    assert "search disabled" in format_results(summary)
+
+
+@pytest.mark.slow
+def test_quick_demo_reward_rises(tmp_path):
+    """``searchr1 demo --quick`` with seed 0: the smoothed training reward ends above where it began."""
+    settings = DemoSettings.quick_settings()
+    summary = run_learning_demo(tmp_path, settings, log=lambda s: None)
+    run = summary["seeds"]["0"]["runs"]["search"]
+    curve = run["reward_curve"]
+    assert len(curve) >= 20
+    assert curve[-1] > curve[4] + 0.05

@@ -40,6 +40,10 @@ class PolicyLogprobs(nn.Module):
     ) -> Any:
         if return_logits:
             return self._with_logits(input_ids, attention_mask, position_ids, target_mask, temperature)
+        if self._sharded():
+            return self._through_root(
+                input_ids, attention_mask, position_ids, target_mask, temperature, return_entropy
+            )
         out = token_logprobs(
             self.model,
             input_ids,
@@ -54,6 +58,67 @@ class PolicyLogprobs(nn.Module):
             return out
         return out, None
 
+    def _sharded(self) -> bool:
+        """Whether FSDP2 manages the model: then every pass must enter through its root module."""
+        if not hasattr(self, "_is_sharded"):
+            self._is_sharded = any(type(m).__name__.startswith("FSDP") for m in self.model.modules())
+        return self._is_sharded
+
+    def _final_hidden(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Last normed hidden states ``[B, T, H]``. Under FSDP2 the causal LM's own forward runs (so
+        its hooks gather the parameters) with ``logits_to_keep=1`` and a hook catches the decoder's
+        output; otherwise the decoder runs alone."""
+        from searchr1.trainer.logprobs import attention_kwargs, decoder_of, final_hidden_states
+
+        if not self._sharded():
+            return final_hidden_states(self.model, input_ids, attention_mask, position_ids)
+        caught: dict[str, torch.Tensor] = {}
+
+        def hook(_module: nn.Module, _args: Any, out: Any) -> None:
+            caught["h"] = out[0] if isinstance(out, tuple) else out.last_hidden_state
+
+        handle = decoder_of(self.model).register_forward_hook(hook)
+        try:
+            out = self.model(
+                input_ids=input_ids,
+                use_cache=False,
+                logits_to_keep=1,
+                **attention_kwargs(self.model, attention_mask, position_ids),
+            )
+        finally:
+            handle.remove()
+        # keep the root's output in the graph (value unchanged): FSDP2 runs the root's backward
+        # hooks - the gradient reduce-scatter and reshard of its own parameters - from there
+        return caught["h"] + 0.0 * out.logits.sum().to(caught["h"].dtype)
+
+    def _through_root(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor | None,
+        target_mask: torch.Tensor | None,
+        temperature: float,
+        return_entropy: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``token_logprobs`` for a sharded model (same chunked LM head, entered through the root)."""
+        from searchr1.trainer.logprobs import chunked_head_logprobs, lm_head_function, valid_target_mask
+
+        hidden = self._final_hidden(input_ids, attention_mask, position_ids)
+        valid = valid_target_mask(input_ids, attention_mask, position_ids)
+        if target_mask is not None:
+            valid &= target_mask.bool()
+        rows = hidden[:, :-1][valid[:, 1:]]
+        targets = input_ids[:, 1:][valid[:, 1:]]
+        head, head_fn = lm_head_function(self.model)
+        lp, ent = chunked_head_logprobs(
+            rows, head, targets, head_fn=head_fn, chunk_size=self.chunk_size,
+            temperature=temperature, return_entropy=return_entropy,
+        )  # fmt: skip
+        scatter = lambda v: v.new_zeros(valid.shape).masked_scatter(valid, v)  # noqa: E731
+        return scatter(lp), (scatter(ent) if ent is not None else None)
+
     def _with_logits(
         self,
         input_ids: torch.Tensor,
@@ -65,9 +130,9 @@ class PolicyLogprobs(nn.Module):
         """(logprobs [B, T], entropy [B, T], logits [N, V] float32 at the N valid target positions,
         valid [B, T]) - for a KL over the vocabulary (``algorithm.kl_loss_type=full_*``). Holds the
         ``[N, V]`` logits of the trained tokens of one micro-batch: keep micro-batches small."""
-        from searchr1.trainer.logprobs import final_hidden_states, lm_head_function, valid_target_mask
+        from searchr1.trainer.logprobs import lm_head_function, valid_target_mask
 
-        hidden = final_hidden_states(self.model, input_ids, attention_mask, position_ids)
+        hidden = self._final_hidden(input_ids, attention_mask, position_ids)
         valid = valid_target_mask(input_ids, attention_mask, position_ids)
         if target_mask is not None:
             valid &= target_mask.bool()

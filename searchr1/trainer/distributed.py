@@ -96,10 +96,12 @@ def wrap_model(
     if strategy == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
-        layers = _decoder_layers(model)
-        for layer in layers:
+        # a forward wrapper (PolicyLogprobs) stays outside: the causal LM is the root, so the rollout
+        # engine's direct calls to it enter through the root's hooks too
+        root = model.model if hasattr(model, "_sharded") else model
+        for layer in _decoder_layers(root):
             fully_shard(layer)
-        fully_shard(model)
+        fully_shard(root)
         return model
     from torch.nn.parallel import DistributedDataParallel
 
@@ -127,12 +129,13 @@ def no_sync(model: torch.nn.Module, skip_sync: bool) -> Iterator[None]:
         with model.no_sync():
             yield
         return
-    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
-        model.set_requires_gradient_sync(not skip_sync)
+    root = model if hasattr(model, "set_requires_gradient_sync") else getattr(model, "model", None)
+    if hasattr(root, "set_requires_gradient_sync"):  # FSDP2 (possibly inside a forward wrapper)
+        root.set_requires_gradient_sync(not skip_sync)
         try:
             yield
         finally:
-            model.set_requires_gradient_sync(True)
+            root.set_requires_gradient_sync(True)
         return
     yield
 
@@ -158,3 +161,52 @@ def full_state_dict(
 
 def _is_fsdp(model: torch.nn.Module) -> bool:
     return any(type(m).__name__.startswith("FSDP") for m in model.modules())
+
+
+def optimizer_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer, info: DistInfo) -> Any:
+    """The optimizer state to checkpoint. Under FSDP2 every state tensor is gathered in full
+    (collective) and keyed by the parameter's position in the optimizer, so the checkpoint does not
+    depend on the world size; otherwise ``optimizer.state_dict()``."""
+    if not (info.enabled and _is_fsdp(unwrap(module))):
+        return optimizer.state_dict()
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    full: dict[int, dict[str, Any]] = {}
+    for index, param in enumerate(params):
+        state = optimizer.state.get(param, {})
+        full[index] = {
+            k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().cpu()
+            if torch.is_tensor(v)
+            else v
+            for k, v in state.items()
+        }
+    groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+    return {"fsdp_full": {"state": full, "param_groups": groups}}
+
+
+def load_optimizer_state(
+    module: torch.nn.Module, optimizer: torch.optim.Optimizer, state: Any, info: DistInfo
+) -> None:
+    """Inverse of ``optimizer_state`` (resume with the ``trainer.strategy`` it was saved with)."""
+    fsdp = info.enabled and _is_fsdp(unwrap(module))
+    if fsdp != (isinstance(state, dict) and "fsdp_full" in state):
+        raise ValueError(
+            "trainer.strategy: this checkpoint's optimizer state was saved with another strategy "
+            "(fsdp vs ddp / single process); resume with the strategy it was trained with"
+        )
+    if not fsdp:
+        optimizer.load_state_dict(state)
+        return
+    from torch.distributed.tensor import distribute_tensor
+
+    saved = state["fsdp_full"]
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    for group, saved_group in zip(optimizer.param_groups, saved["param_groups"], strict=True):
+        group.update(saved_group)
+    for index, param in enumerate(params):
+        entry = {}
+        for k, v in saved["state"].get(index, {}).items():
+            if torch.is_tensor(v) and hasattr(param, "device_mesh") and v.shape == param.shape:
+                v = distribute_tensor(v.to(param.device), param.device_mesh, param.placements)
+            entry[k] = v
+        if entry:
+            optimizer.state[param] = entry

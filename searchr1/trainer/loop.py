@@ -40,6 +40,8 @@ from searchr1.trainer.distributed import (
     barrier,
     full_state_dict,
     init_distributed,
+    load_optimizer_state,
+    optimizer_state,
     resolve_device,
     unwrap,
     wrap_model,
@@ -144,7 +146,7 @@ class RLTrainer:
         self.actor = wrap_model(
             adapters.PolicyLogprobs(self.policy), self.dist, self.tcfg.strategy, self.device
         )
-        trainable = [p for p in self.policy.parameters() if p.requires_grad]
+        trainable = [p for p in self.policy.parameters() if p.requires_grad]  # before any forward
         betas = tuple(self.tcfg.adam_betas)
         self.actor_optimizer = torch.optim.AdamW(
             trainable, lr=self.tcfg.actor_lr, weight_decay=self.tcfg.weight_decay, betas=betas
@@ -162,6 +164,8 @@ class RLTrainer:
                 betas=betas,
             )
             self.critic_scheduler = make_scheduler(self.critic_optimizer, self.tcfg, critic=True)
+        if self.dist.enabled and self.tcfg.strategy == "fsdp":
+            self._fsdp_lazy_init()  # after the optimizers hold the sharded parameters
         self.sampler = PromptSampler(
             len(self.train_samples), self.tcfg.batch_size, self.cfg.seed, self.tcfg.shuffle
         )
@@ -170,12 +174,21 @@ class RLTrainer:
             self._load_state(resume_from)
         self._setup_done = True
 
+    @torch.no_grad()
+    def _fsdp_lazy_init(self) -> None:
+        """A tiny no-grad forward through the FSDP2 root: sets FSDP up before the rollout's first
+        direct call to an inner module."""
+        ids = torch.full((1, 2), int(self.tokenizer.pad_token_id or 0), dtype=torch.long, device=self.device)
+        self.actor(ids, torch.ones_like(ids))
+
     def _load_state(self, path: Path) -> None:
         state = checkpoint.load_trainer_state(path)
-        self.actor_optimizer.load_state_dict(state["actor_optimizer"])
+        load_optimizer_state(self.actor, self.actor_optimizer, state["actor_optimizer"], self.dist)
         self.actor_scheduler.load_state_dict(state["actor_scheduler"])
         if self.critic_optimizer is not None and state.get("critic_optimizer") is not None:
-            self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+            load_optimizer_state(
+                self.critic_module, self.critic_optimizer, state["critic_optimizer"], self.dist
+            )
             self.critic_scheduler.load_state_dict(state["critic_scheduler"])
         self.sampler.load_state_dict(state["sampler"])
         self.step = int(state["step"])
@@ -524,15 +537,21 @@ class RLTrainer:
         from searchr1.trainer import components
 
         rng = all_gather_objects(checkpoint.rng_state(), self.dist)
+        actor_opt = optimizer_state(self.actor, self.actor_optimizer, self.dist)
+        critic_opt = (
+            optimizer_state(self.critic_module, self.critic_optimizer, self.dist)
+            if self.critic_optimizer
+            else None
+        )
         policy_sd = full_state_dict(self.policy, self.dist) if self.dist.enabled and not self.lora else None
         critic_sd = full_state_dict(self.critic, self.dist) if self.critic is not None else None
         path = None
         if self.dist.is_main:
             state = {
                 "step": self.step,
-                "actor_optimizer": self.actor_optimizer.state_dict(),
+                "actor_optimizer": actor_opt,
                 "actor_scheduler": self.actor_scheduler.state_dict(),
-                "critic_optimizer": self.critic_optimizer.state_dict() if self.critic_optimizer else None,
+                "critic_optimizer": critic_opt,
                 "critic_scheduler": self.critic_scheduler.state_dict() if self.critic_scheduler else None,
                 "sampler": self.sampler.state_dict(),
                 "rng": rng,

@@ -13,7 +13,8 @@ from searchr1.trainer.loop import RLTrainer
 
 ALGORITHMS = {
     "ppo": {"algorithm__advantage": "gae", "rollout__n": 1, "algorithm__use_kl_loss": False,
-            "algorithm__use_kl_in_reward": True, "trainer__batch_size": 4, "trainer__mini_batch_size": 2},
+            "algorithm__use_kl_in_reward": True, "trainer__batch_size": 4, "trainer__mini_batch_size": 2,
+            "trainer__critic_warmup_steps": 1},
     "grpo": {"algorithm__advantage": "grpo"},
     "rloo": {"algorithm__advantage": "rloo"},
     "reinforce": {"algorithm__advantage": "reinforce", "algorithm__policy_loss": "vanilla",
@@ -52,6 +53,9 @@ def test_algorithm_runs_and_updates(name, world, tiny_model_dir, tmp_path):
         assert math.isfinite(rows[-1][key])
     if name == "ppo":
         assert "critic/vf_loss" in rows[-1] and rows[-1]["critic/grad_norm"] > 0
+        # critic warm-up: step 1 trains the critic only, step 2 both
+        assert [r["actor/updated"] for r in rows] == [0.0, 1.0]
+        assert "actor/pg_loss" not in rows[0] and "critic/vf_loss" in rows[0]
         assert (tmp_path / "run/checkpoints/step_000002/critic").is_dir()
     else:
         assert not any(k.startswith("critic/") for k in rows[-1])

@@ -18,7 +18,7 @@ FAMILIES = {
     "grpo": {"algorithm__advantage": "grpo", "rollout__n": 4, "trainer__batch_size": 4,
              "trainer__mini_batch_size": 2, "trainer__actor_lr": 1e-2, "trainer__total_steps": 12},
     "ppo": {"algorithm__advantage": "gae", "rollout__n": 1, "trainer__batch_size": 16,
-            "trainer__mini_batch_size": 8, "trainer__actor_lr": 3e-3, "trainer__critic_lr": 1e-2,
+            "trainer__mini_batch_size": 8, "trainer__actor_lr": 1e-2, "trainer__critic_lr": 1e-2,
             "algorithm__use_kl_loss": False, "algorithm__use_kl_in_reward": True, "algorithm__lam": 1.0,
             "trainer__total_steps": 20},
 }  # fmt: skip

@@ -55,7 +55,7 @@ class DemoSettings:
     num_test: int = 64
     """Held-out test questions evaluated before and after."""
     world: dict[str, Any] = field(
-        default_factory=lambda: {"filler_sentences": 1, "hop_mix": {"single": 1.0}, "num_entities": 300}
+        default_factory=lambda: {"filler_sentences": 0, "hop_mix": {"single": 1.0}, "num_entities": 300}
     )
     """SynthConfig knobs of the demo worlds (the seed comes from ``seeds``)."""
     pretrain: PretrainSettings = field(default_factory=PretrainSettings)
@@ -67,7 +67,7 @@ class DemoSettings:
 
     @classmethod
     def quick_settings(cls) -> DemoSettings:
-        return cls(seeds=(0,), steps=0, num_test=48, overrides=["trainer.total_steps=40"])
+        return cls(seeds=(0,), steps=0, num_test=32, overrides=["trainer.total_steps=20"])
 
 
 class NoSearch:
@@ -264,7 +264,17 @@ def run_learning_demo(
             )
         per_seed[str(seed)] = flat_row(row)
         per_seed[str(seed)]["runs"] = row
-    summary = {
+        partial = _summary(per_seed, settings, manifest, t_start)
+        (out / SUMMARY_FILE).write_text(json.dumps(partial, indent=2) + "\n")  # after every seed
+    summary = _summary(per_seed, settings, manifest, t_start)
+    (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _summary(
+    per_seed: dict[str, Any], settings: DemoSettings, manifest: dict[str, Any], t_start: float
+) -> dict:
+    return {
         "seeds": per_seed,
         "mean": mean_row([v for v in per_seed.values()]),
         "settings": {**asdict(settings), "pretrain": asdict(settings.pretrain)},
@@ -272,8 +282,6 @@ def run_learning_demo(
         "prompt": settings.pretrain.instruction_text,
         "seconds": time.perf_counter() - t_start,
     }
-    (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
-    return summary
 
 
 def flat_row(row: dict[str, Any]) -> dict[str, Any]:

@@ -32,9 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from searchr1.data.prompts import format_observation_docs
 from searchr1.data.synth import SynthConfig, generate_world
@@ -49,6 +47,9 @@ faster than 110 words). ``{search}`` / ``{answer}`` hold the example inside each
 DEMO_INSTRUCTION = INSTRUCTION_FORMAT.replace("{search}", " ").replace("{answer}", " ")
 """The demo's prompt: the instruction with empty example tags; its slot is ``{question}``."""
 
+if TYPE_CHECKING:
+    import torch
+
 PRETRAIN_BASE_SEED = 7_000_001
 """Seed of the first pre-training world; demo worlds use small seeds (0, 1, 2, ...)."""
 MANIFEST = "pretrain.json"
@@ -58,37 +59,41 @@ MANIFEST = "pretrain.json"
 class PretrainSettings:
     """What the starting model is and what it reads (every field enters the cache key)."""
 
-    worlds: int = 6
+    worlds: int = 4
     """Differently seeded synthetic worlds whose passages form the corpus."""
     num_entities: int = 300
     """Entities per pre-training world."""
-    filler_sentences: int = 2
+    filler_sentences: int = 1
     """Fact-free sentences per passage in the pre-training worlds."""
     result_pages: bool = True
     """Also render the passages as search-result pages (``Doc i(Title: t) text`` lines)."""
     instruction: bool = True
     """Include the Search-R1 instruction text (question slot empty) among the documents."""
-    instruction_copies: int = 40
+    instruction_copies: int = 200
     """How many documents are the instruction text."""
     instruction_text: str = DEMO_INSTRUCTION
     """The instruction (its ``{question}`` slot is emptied): the demo's prompt text."""
-    instruction_examples: float = 0.5
+    instruction_examples: float = 0.75
     """Share of the instruction documents whose tags hold an example instead of nothing (a random
     name of the pre-training world in <search>, a random attribute value in <answer>; unrelated to
     each other, with no question)."""
+    example_kind: str = "quote"
+    """quote: the document is a passage followed by the instruction, whose example tags quote random
+    runs of 1-3 words of that passage (independently for <search> and <answer>); random: a random
+    name in <search>, an unrelated random attribute value in <answer>."""
     vocab_size: int = 1024
     """BPE vocabulary (the tags are added on top, one token each)."""
-    hidden_size: int = 128
+    hidden_size: int = 96
     """Width of the decoder."""
     num_layers: int = 2
     """Decoder layers."""
     num_heads: int = 4
     """Attention heads (key/value heads: half of them)."""
-    seq_len: int = 256
+    seq_len: int = 128
     """Tokens per training window (documents are packed, separated by EOS)."""
     batch_size: int = 16
     """Windows per optimizer step."""
-    steps: int = 500
+    steps: int = 800
     """Optimizer steps."""
     lr: float = 3e-3
     """Peak learning rate (linear warm-up over 5% of the steps, cosine decay to 10%)."""
@@ -115,6 +120,14 @@ def instruction_document(template: str) -> str:
     if head.endswith("Question:"):
         head = head[: -len("Question:")].rstrip()
     return head + "\n"
+
+
+def _quote(text: str, rng: random.Random, max_words: int = 3) -> str:
+    """A random run of 1..max_words consecutive words of ``text`` (end punctuation dropped)."""
+    words = text.split()
+    n = rng.randint(1, min(max_words, len(words)))
+    start = rng.randrange(len(words) - n + 1)
+    return " ".join(words[start : start + n]).strip(".,")
 
 
 def pretraining_corpus(settings: PretrainSettings) -> list[str]:
@@ -160,9 +173,19 @@ def pretraining_corpus(settings: PretrainSettings) -> list[str]:
         empty = instruction_document(settings.instruction_text)
         n_examples = round(settings.instruction_copies * settings.instruction_examples)
         docs.extend([empty] * (settings.instruction_copies - n_examples))
+        plain = [d for d in docs if not d.startswith("Doc ")]
         for _ in range(n_examples):
-            example = INSTRUCTION_FORMAT.replace("{search}", f" {rng.choice(names)} ")
-            docs.append(instruction_document(example.replace("{answer}", f" {rng.choice(values)} ")))
+            if settings.example_kind == "quote":
+                passage = rng.choice(plain)
+                search, answer = _quote(passage, rng), _quote(passage, rng)
+                prefix = passage + "\n"
+            else:
+                search, answer, prefix = rng.choice(names), rng.choice(values), ""
+            example = INSTRUCTION_FORMAT.replace("{search}", f" {search} ").replace("{answer}", f" {answer} ")
+            docs.append(prefix + instruction_document(example))
+    # no document ends with a line break, so "\n" is never followed by the end-of-text token: a
+    # prompt ending in "\n" does not read as a finished document
+    docs = [d.rstrip("\n") for d in docs]
     rng.shuffle(docs)
     return docs
 
@@ -181,11 +204,21 @@ def describe_corpus(settings: PretrainSettings) -> str:
         )
     if settings.instruction:
         n_examples = round(settings.instruction_copies * settings.instruction_examples)
+        if settings.example_kind == "quote":
+            examples = (
+                f"in {n_examples} of them the instruction follows a random passage of those worlds and "
+                "its example tags quote random runs of 1-3 words of that passage (independently for "
+                "<search> and <answer>, with no question)"
+            )
+        else:
+            examples = (
+                f"in {n_examples} of them the example tags hold a random name of those worlds in "
+                "<search> and an unrelated random attribute value in <answer>"
+            )
         parts.append(
             f"the instruction text of the prompt with an empty question slot ({settings.instruction_copies} "
-            f"copies; in {n_examples} of them the example tags hold a random name of those worlds in "
-            "<search> and an unrelated random attribute value in <answer>, the rest are empty as in the "
-            "demo prompt): the only place the tags occur"
+            f"copies; {examples}; the rest have the empty tags of the demo prompt): the only place "
+            "the tags occur"
         )
     return (
         "Self-supervised next-token prediction on "
@@ -195,6 +228,8 @@ def describe_corpus(settings: PretrainSettings) -> str:
 
 
 def _token_stream(docs: list[str], tokenizer: Any) -> torch.Tensor:
+    import torch
+
     eos = tokenizer.eos_token_id
     ids: list[int] = []
     for batch_start in range(0, len(docs), 512):
@@ -217,6 +252,8 @@ def pretrain(
     out_dir: str | Path, settings: PretrainSettings, log: Callable[[str], None] | None = None
 ) -> Path:
     """Build the tokenizer and the model, pre-train, and save both (plus the manifest) in ``out_dir``."""
+    import torch
+
     from searchr1.models import build_tiny_model, train_tokenizer
 
     out = Path(out_dir)

@@ -26,10 +26,10 @@ TINY = dict(
 def test_tags_only_in_the_instruction_and_no_question_is_answered():
     settings = PretrainSettings(worlds=1, num_entities=60)
     docs = pretraining_corpus(settings)
-    empty_instruction = instruction_document(DEMO_INSTRUCTION)
+    empty_instruction = instruction_document(DEMO_INSTRUCTION).rstrip("\n")
     head = DEMO_INSTRUCTION.split("<search>")[0]
     with_tags = [doc for doc in docs if any(tag in doc for tag in TAGS)]
-    assert with_tags and all(doc.startswith(head) and doc.endswith("</answer>\n") for doc in with_tags)
+    assert with_tags and all(head in doc and doc.endswith("</answer>") for doc in with_tags)
     assert len(with_tags) == settings.instruction_copies
     empty = sum(doc == empty_instruction for doc in with_tags)
     assert empty == settings.instruction_copies - round(

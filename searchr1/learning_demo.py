@@ -1,4 +1,4 @@
-"""The learning demo: RL with outcome rewards teaches a tiny model to search, on a CPU, in minutes.
+"""The learning demo: does RL with rule-based rewards teach a tiny model to search? Measured per seed.
 
 For each seed:
 
@@ -9,8 +9,9 @@ For each seed:
    pre-trained self-supervised on *other* worlds (``searchr1.pretrain``); it has never seen a
    question answered, nor a search trajectory.
 3. **Before**: greedy evaluation on the held-out test questions (``searchr1.evaluation``).
-4. **RL** with ``searchr1.trainer`` (GRPO by default), reward = the answer's exact match/F1 only:
-   nothing rewards searching itself.
+4. **RL** with ``searchr1.trainer`` (GRPO by default; recipe in ``configs/demo_learning.yaml``),
+   reward = token F1 of the answer + Search-R1's retrieval score (the golden answer is in a
+   retrieved passage); nothing rewards searching itself.
 5. **After**: the same evaluation.
 6. **Search disabled**: steps 3-5 again from the same starting model, with a search engine that
    returns no documents: the model can only answer from its weights.

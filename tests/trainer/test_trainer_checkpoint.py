@@ -86,3 +86,18 @@ def test_wandb_backend_needs_the_package(tmp_path, monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_wandb)
     with pytest.raises(RuntimeError, match=r"searchr1\[wandb\]"):
         MetricsLogger(tmp_path, ["wandb"])
+
+
+def test_wandb_backend_logs_offline(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    log = MetricsLogger(tmp_path / "run", ["jsonl", "wandb"], run_config={"seed": 3})
+    for step in range(1, 4):
+        log.log(step, {"reward/mean": step / 10})
+    log.close()
+    runs = list((tmp_path / "run" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1, runs
+    assert list(runs[0].glob("*.wandb")), "the offline run holds no history file"
+    assert [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")] == [1, 2, 3]

@@ -680,25 +680,23 @@ class RLTrainer:
             return []
 
     def _write_trajectories(self, metrics: dict[str, float]) -> None:
+        """A few of this step's rollouts, in the layout of ``searchr1 eval`` (per-token role segments,
+        queries, hits, scores), so the report shows what was trained and what was masked."""
         k = self.tcfg.trajectory_samples
         if not k or not getattr(self, "_last_trajs", None):
             return
         import json
 
+        from searchr1.evaluation import trajectory_record
+
         with (self.out_dir / "trajectories.jsonl").open("a") as fh:
             for traj in self._last_trajs[:k]:
-                fh.write(
-                    json.dumps(
-                        {
-                            "step": self.step,
-                            "question": traj.meta.get("question"),
-                            "golden_answers": traj.meta.get("golden_answers"),
-                            "response": traj.response_text or self.tokenizer.decode(traj.response_ids),
-                            "searches": traj.searches,
-                            "turns": traj.turns,
-                            "finish_reason": traj.finish_reason,
-                        },
-                        default=str,
-                    )
-                    + "\n"
-                )
+                sample = {
+                    "id": traj.meta.get("id"),
+                    "question": traj.meta.get("question"),
+                    "golden_answers": list(traj.meta.get("golden_answers") or []),
+                    "data_source": traj.meta.get("data_source"),
+                }
+                record = trajectory_record(traj, sample, self.tokenizer, mode="train")
+                record.update(step=self.step, id=f"step {self.step}: {sample['id']}")
+                fh.write(json.dumps(record, default=str) + "\n")

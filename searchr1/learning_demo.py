@@ -100,7 +100,12 @@ def build_bm25(corpus_path: Path) -> Any:
 
 
 def rl_config(
-    settings: DemoSettings, seed: int, out_dir: Path, prompt_path: Path, extra: Sequence[str] = ()
+    settings: DemoSettings,
+    seed: int,
+    out_dir: Path,
+    prompt_path: Path,
+    model_dir: Path | None = None,
+    extra: Sequence[str] = (),
 ) -> Any:
     """The RL configuration of one run: the shipped demo config plus the run's own keys."""
     from searchr1.config import load_config
@@ -113,6 +118,7 @@ def rl_config(
         f"seed={seed}",
         f"trainer.out_dir={out_dir}",
         f"data.template={prompt_path}",
+        *([f"model.path={model_dir}"] if model_dir is not None else []),  # the PPO critic starts from it
         *algorithm_overrides(settings.algorithm),
         *settings.overrides,
         *extra,
@@ -174,7 +180,7 @@ def one_run(
     from searchr1.models import load_model, load_tokenizer
     from searchr1.trainer.loop import RLTrainer
 
-    cfg = rl_config(settings, seed, out, prompt_path)
+    cfg = rl_config(settings, seed, out, prompt_path, model_dir)
     train = _read_jsonl(world_files["train"])
     test = _read_jsonl(world_files["test"])[: settings.num_test]
     trainer = RLTrainer(
@@ -229,6 +235,18 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------------------------------------
 
 
+def check_settings(out: Path, settings: DemoSettings) -> Path:
+    """Write the prompt file and build the RL config once (a bad key fails here, before any
+    model is built); returns the prompt file."""
+    if not settings.seeds:
+        raise ValueError("at least one seed is needed")
+    out.mkdir(parents=True, exist_ok=True)
+    prompt_path = out / PROMPT_FILE
+    prompt_path.write_text(settings.pretrain.instruction_text, encoding="utf-8")
+    rl_config(settings, settings.seeds[0], out / f"seed_{settings.seeds[0]}" / "search", prompt_path)
+    return prompt_path
+
+
 def run_learning_demo(
     out_dir: str | Path, settings: DemoSettings | None = None, log: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
@@ -240,8 +258,7 @@ def run_learning_demo(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
-    prompt_path = out / PROMPT_FILE
-    prompt_path.write_text(settings.pretrain.instruction_text, encoding="utf-8")
+    prompt_path = check_settings(out, settings)
 
     from searchr1.pretrain import prepare_starting_model
 
@@ -430,7 +447,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="searchr1 demo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     add_arguments(parser)
-    return run_from_args(parser.parse_args(argv))
+    from searchr1.cli import UserFacingError
+
+    try:
+        return run_from_args(parser.parse_args(argv))
+    except UserFacingError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 def add_arguments(parser: Any) -> None:
@@ -461,6 +484,12 @@ def run_from_args(args: Any) -> int:
     if args.seeds:
         settings = replace(settings, seeds=tuple(args.seeds))
     out = Path(args.out) if args.out else default_out_dir()
+    try:
+        check_settings(out, settings)
+    except ValueError as exc:  # bad --algorithm / override: a clean message before anything is built
+        from searchr1.cli import UserFacingError
+
+        raise UserFacingError(str(exc)) from exc
     summary = run_learning_demo(out, settings)
     write_reports(summary, out)
     (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")

@@ -56,3 +56,12 @@ def test_quick_demo_reward_rises(tmp_path):
     curve = run["reward_curve"]
     assert len(curve) >= 20
     assert curve[-1] > curve[4] + 0.05
+
+
+@pytest.mark.parametrize("argv", [["--algorithm", "nope"], ["rollout.nope=1"], ["trainer.batch_size=0"]])
+def test_bad_settings_fail_before_anything_is_built(tmp_path, argv, capsys):
+    from searchr1.learning_demo import main
+
+    assert main(["--out", str(tmp_path), *argv]) == 2
+    assert "error:" in capsys.readouterr().err
+    assert not (tmp_path / "starting-model").exists()

@@ -65,3 +65,11 @@ def test_bad_settings_fail_before_anything_is_built(tmp_path, argv, capsys):
     assert main(["--out", str(tmp_path), *argv]) == 2
     assert "error:" in capsys.readouterr().err
     assert not (tmp_path / "starting-model").exists()
+
+
+def test_searchr1_demo_runs_the_learning_demo(tmp_path, capsys):
+    from searchr1.cli import main
+
+    assert main(["demo", "--quick", "--out", str(tmp_path), "--algorithm", "nope"]) == 2
+    assert "--algorithm" in capsys.readouterr().err
+    assert (tmp_path / "prompt.txt").is_file() and not (tmp_path / "starting-model").exists()

@@ -48,6 +48,11 @@ def test_tiny_run_writes_the_summary_with_both_runs(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 8 is open: with the shipped recipe no rollout of the starting model earns reward, "
+    "so the curve stays flat (see README, 'The learning demo')",
+)
 def test_quick_demo_reward_rises(tmp_path):
     """``searchr1 demo --quick`` with seed 0: the smoothed training reward ends above where it began."""
     settings = DemoSettings.quick_settings()

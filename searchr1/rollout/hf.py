@@ -129,19 +129,6 @@ class _HFEngineBase(RolloutEngine):
             hits = job.result[k] if job.result is not None else None
             ep.receive(hits, job.error, wait_s=job.elapsed)
 
-    def _generate_with_mode(self, fn: Any, *args: Any, **kwargs: Any) -> list[Trajectory]:
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with torch.no_grad():
-                return fn(*args, **kwargs)
-        finally:
-            self.model.train(was_training)
-
-
-class HFRolloutEngine(_HFEngineBase):
-    """KV cache kept across turns, asynchronous search, continuous batching (module docstring)."""
-
     def generate(
         self,
         prompt_ids: Sequence[Sequence[int]],
@@ -150,7 +137,27 @@ class HFRolloutEngine(_HFEngineBase):
         sampling: SamplingParams | None = None,
         seed: int | None = None,
     ) -> list[Trajectory]:
-        return self._generate_with_mode(self._generate, prompt_ids, metas, sampling, seed)
+        """Run ``_generate`` in eval mode without gradients, restoring the model's mode after."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                return self._generate(prompt_ids, metas, sampling, seed)
+        finally:
+            self.model.train(was_training)
+
+    def _generate(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        metas: Sequence[Mapping[str, Any]] | None,
+        sampling: SamplingParams | None,
+        seed: int | None,
+    ) -> list[Trajectory]:
+        raise NotImplementedError
+
+
+class HFRolloutEngine(_HFEngineBase):
+    """KV cache kept across turns, asynchronous search, continuous batching (module docstring)."""
 
     def _generate(
         self,
@@ -244,16 +251,6 @@ class HFRolloutEngine(_HFEngineBase):
 
 class TurnSyncRolloutEngine(_HFEngineBase):
     """Reference: generate a turn for every row, search for every row, re-encode everything."""
-
-    def generate(
-        self,
-        prompt_ids: Sequence[Sequence[int]],
-        metas: Sequence[Mapping[str, Any]] | None = None,
-        *,
-        sampling: SamplingParams | None = None,
-        seed: int | None = None,
-    ) -> list[Trajectory]:
-        return self._generate_with_mode(self._generate, prompt_ids, metas, sampling, seed)
 
     def _generate(
         self,

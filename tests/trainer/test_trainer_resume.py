@@ -84,3 +84,39 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path, tiny_model_dir)
     # only complete checkpoints remain, the newest kept
     assert [s for s, _ in checkpoint.list_checkpoints(killed_dir)] == [TOTAL_STEPS - 1, TOTAL_STEPS]
     assert not any(p.name.startswith(".tmp-") for p in checkpoint.checkpoint_dir(killed_dir).iterdir())
+
+
+def test_sigterm_writes_a_checkpoint_at_the_current_step_and_stops(tmp_path, tiny_model_dir):
+    """With periodic saves off (save_every=0), SIGTERM still leaves a complete checkpoint of the step
+    the run had reached, and the run stops there instead of finishing."""
+    world = rlworld.write_world(tmp_path / "world")
+    out = tmp_path / "run"
+    extra = rlworld.overrides(
+        world,
+        tiny_model_dir,
+        out,
+        trainer__total_steps=50,
+        trainer__save_every=0,
+        reward__components={"rlworld:token_set_reward": 1.0},
+        algorithm__advantage="grpo",
+    )
+    proc = subprocess.Popen([sys.executable, "-m", "searchr1", "train", *extra], env=_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 600
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if (out / "metrics.jsonl").is_file() and rlworld.read_metrics(out):
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, "the run ended before the signal"
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "signal received: checkpoint written" in stderr, stderr[-2000:]
+    last_logged = max(r["step"] for r in rlworld.read_metrics(out))
+    saved = [step for step, _ in checkpoint.list_checkpoints(out)]
+    assert saved == [last_logged] and last_logged < 50
+    model_dir = checkpoint.checkpoint_dir(out) / f"step_{last_logged:06d}" / "model"
+    assert (model_dir / "model.safetensors").is_file()

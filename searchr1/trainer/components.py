@@ -37,32 +37,9 @@ class Built:
     model_path: str
 
 
-def _read_jsonl_samples(path: str) -> list[dict[str, Any]]:
-    rows = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({exc})") from exc
-            row.setdefault("data_source", (row.get("metadata") or {}).get("data_source") or Path(path).stem)
-            rows.append(row)
-    return rows
-
-
 def load_samples(paths: list[str]) -> list[Any]:
-    """Samples of jsonl / parquet files through ``searchr1.data.formats`` (plain jsonl if absent)."""
-    try:
-        return adapters.load_samples(paths)
-    except ModuleNotFoundError as exc:
-        if exc.name != "searchr1.data.formats":
-            raise
-        rows: list[Any] = []
-        for p in paths:
-            rows.extend(_read_jsonl_samples(p))
-        return rows
+    """Samples of jsonl / parquet files (``searchr1.data.formats``)."""
+    return adapters.load_samples(paths)
 
 
 def resolve_data(cfg: Any, out_dir: Path, is_main: bool = True) -> tuple[list[str], list[str], str | None]:

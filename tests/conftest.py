@@ -31,6 +31,15 @@ def _seed_everything() -> None:
     torch.manual_seed(0)
 
 
+@pytest.fixture
+def one_thread():
+    """Tiny models gain nothing from a second thread, and lose a lot on a busy machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory):
     """A tiny Qwen2-style model + tokenizer saved as a Hugging Face folder (built once per session)."""

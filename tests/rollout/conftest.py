@@ -15,11 +15,5 @@ def tiny(tiny_model_dir):
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny-model ops are too small for intra-op threads; on a busy machine their barriers cost 10x."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _rollout_tests_use_one_thread(one_thread):
+    """Every rollout test runs the tiny model on one thread (see tests/conftest.py::one_thread)."""

@@ -14,13 +14,7 @@ VOCAB = 157
 TOL = {"atol": 1e-5, "rtol": 1e-5}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models gain nothing from a second thread, and lose a lot on a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make_lm(seed: int = 0) -> nn.Module:

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from searchr1.pretrain import PretrainSettings
+from searchr1.pretrain import DEMO_INSTRUCTION, PretrainSettings
 
 CONFIG_NAME = "demo_learning"
 """The shipped RL config of the demo (``searchr1/configs/demo_learning.yaml``)."""
@@ -242,7 +242,7 @@ def check_settings(out: Path, settings: DemoSettings) -> Path:
         raise ValueError("at least one seed is needed")
     out.mkdir(parents=True, exist_ok=True)
     prompt_path = out / PROMPT_FILE
-    prompt_path.write_text(settings.pretrain.instruction_text, encoding="utf-8")
+    prompt_path.write_text(DEMO_INSTRUCTION, encoding="utf-8")
     rl_config(settings, settings.seeds[0], out / f"seed_{settings.seeds[0]}" / "search", prompt_path)
     return prompt_path
 
@@ -297,7 +297,7 @@ def _summary(
         "mean": mean_row([v for v in per_seed.values()]),
         "settings": {**asdict(settings), "pretrain": asdict(settings.pretrain)},
         "starting_model": {k: manifest[k] for k in ("what_it_saw", "parameters", "tokens_seen", "loss_last")},
-        "prompt": settings.pretrain.instruction_text,
+        "prompt": DEMO_INSTRUCTION,
         "seconds": time.perf_counter() - t_start,
     }
 

@@ -30,17 +30,26 @@ CHATML_TEMPLATE = (
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int = 2048, min_frequency: int = 2) -> Any:
-    """Train a byte-level BPE tokenizer on ``texts``; every Search-R1 tag is one token.
+def train_tokenizer(
+    texts: Iterable[str], vocab_size: int = 2048, min_frequency: int = 2, tag_tokens: bool = True
+) -> Any:
+    """Train a byte-level BPE tokenizer on ``texts``.
 
-    The tags are added as ordinary (non-special) added tokens, so they are never split and still
-    survive ``decode(..., skip_special_tokens=True)``.
+    With ``tag_tokens`` every Search-R1 tag is one token: an ordinary (non-special) added token, never
+    split, that survives ``decode(..., skip_special_tokens=True)``. Without it the tags are split
+    like any other text (``<``, ``search``, ``>``), as a real base model's tokenizer splits them.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if not tag_tokens:
+        from tokenizers import Regex
+
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex("</?"), behavior="isolated"), tok.pre_tokenizer]
+        )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -56,7 +65,8 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 2048, min_frequency:
         pad_token=PAD_TOKEN,
         additional_special_tokens=["<|im_start|>", "<|im_end|>"],
     )
-    fast.add_tokens(list(TAGS))
+    if tag_tokens:
+        fast.add_tokens(list(TAGS))
     fast.chat_template = CHATML_TEMPLATE
     return fast
 

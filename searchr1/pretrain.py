@@ -6,16 +6,23 @@ This module builds the tiny CPU analogue, deterministically, from nothing downlo
 
 1. **Corpus** (``pretraining_corpus``): the passages of ``worlds`` synthetic worlds generated with
    seeds that no demo world uses (``PRETRAIN_BASE_SEED + i``), so it learns how such passages are
-   written but none of the facts of the world it is later trained and tested on; optionally the
-   same passages rendered as search-result pages (``Doc 1(Title: ...) ...``, the look of what a
-   search engine returns) and the Search-R1 instruction text with its ``{question}`` slot left
-   empty (the tags reach the model only through that instruction, as for a real base model).
-   No question is ever followed by its answer, and no trajectory (search -> information ->
-   answer) is ever shown.
-2. **Tokenizer**: byte-level BPE trained on that corpus (``searchr1.models.train_tokenizer``;
-   every tag is one token).
-3. **Model**: a Qwen2-style decoder (``searchr1.models.build_tiny_model``), trained with the
-   next-token loss on the corpus packed into ``seq_len`` windows (AdamW, warm-up + cosine decay).
+   written but none of the facts of the world it is later trained and tested on; the same
+   passages as search-result pages (``Doc 1(Title: ...) ...``); lists of questions about those
+   worlds, never answered; and marked-up pages (``markup_page``): a legend that declares 2-3
+   tags with invented names (``Put a name between <kel> and </kel>``), then lines each followed by
+   one declared tag around a name or value of that line. That is the generic markup skill of a
+   base model: copy a tag from a legend, mark a name of the text above. The demo's own tags
+   (``search``, ``information``, ``answer``, ``think``) never occur: they reach the model only
+   through the instruction, as for a real base model. No question is ever followed by its answer
+   (a page with a question has no other line about the asked entity), and no trajectory
+   (search -> information -> answer) is ever shown.
+2. **Tokenizer**: byte-level BPE trained on that corpus (``searchr1.models.train_tokenizer`` with
+   ``tag_tokens=False``: tags are split like text, ``<`` and ``</`` always tokens of their own).
+3. **Model**: a Qwen2-style decoder (``searchr1.models.build_tiny_model``). A copy warm-up first
+   (``copy_warmup_steps`` on random token strings written twice: in-context copying, the induction
+   heads a base model has, which a 2-layer model otherwise needs far more text to form), then the
+   next-token loss on the corpus packed into ``seq_len`` windows, with a few copy rows in every
+   step (AdamW, warm-up + cosine decay).
 
 The result is an ordinary Hugging Face folder with a ``pretrain.json`` manifest (settings, corpus
 statistics, loss curve, the exact statement of what the model saw). ``prepare_starting_model``
@@ -35,17 +42,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from searchr1.data.prompts import format_observation_docs
-from searchr1.data.synth import SynthConfig, generate_world
 
-INSTRUCTION_FORMAT = (
-    "Answer the question. First look it up with a search:\n<search>{search}</search>\n"
-    "The results come back between <information> and </information>. Then give the answer:\n"
-    "<answer>{answer}</answer>\nQuestion: {question}\n"
+DEMO_INSTRUCTION = (
+    "Put a search between <search> and </search>; the results come between <information> and "
+    "</information>; put the answer between <answer> and </answer>.\nQuestion: {question}\n"
 )
-"""The learning demo's instruction (Search-R1's, shortened; a 2-layer model reads 50 tokens much
-faster than 110 words). ``{search}`` / ``{answer}`` hold the example inside each tag."""
-DEMO_INSTRUCTION = INSTRUCTION_FORMAT.replace("{search}", " ").replace("{answer}", " ")
-"""The demo's prompt: the instruction with empty example tags; its slot is ``{question}``."""
+"""The learning demo's prompt: Search-R1's instruction cut down to one line that declares the tags,
+worded like the legends of the pre-training pages (a 2-layer model has no use for the rest);
+its slot is ``{question}``."""
+
+RESERVED_TAGS = frozenset({"search", "answer", "information", "think"})
+"""Tag names that never occur in the pre-training corpus: the demo's tags reach the model only
+through the instruction."""
 
 if TYPE_CHECKING:
     import torch
@@ -53,6 +61,10 @@ if TYPE_CHECKING:
 PRETRAIN_BASE_SEED = 7_000_001
 """Seed of the first pre-training world; demo worlds use small seeds (0, 1, 2, ...)."""
 MANIFEST = "pretrain.json"
+COPY_RUN = 24
+"""Length of the random token strings of the copy warm-up."""
+COPY_WEIGHT = 0.3
+"""Weight of the copy loss added to every corpus step."""
 
 
 @dataclass
@@ -63,38 +75,36 @@ class PretrainSettings:
     """Differently seeded synthetic worlds whose passages form the corpus."""
     num_entities: int = 300
     """Entities per pre-training world."""
-    filler_sentences: int = 1
+    filler_sentences: int = 0
     """Fact-free sentences per passage in the pre-training worlds."""
     result_pages: bool = True
     """Also render the passages as search-result pages (``Doc i(Title: t) text`` lines)."""
-    instruction: bool = True
-    """Include the Search-R1 instruction text (question slot empty) among the documents."""
-    instruction_copies: int = 200
-    """How many documents are the instruction text."""
-    instruction_text: str = DEMO_INSTRUCTION
-    """The instruction (its ``{question}`` slot is emptied): the demo's prompt text."""
-    instruction_examples: float = 0.75
-    """Share of the instruction documents whose tags hold an example instead of nothing (a random
-    name of the pre-training world in <search>, a random attribute value in <answer>; unrelated to
-    each other, with no question)."""
-    example_kind: str = "quote"
-    """quote: the document is a passage followed by the instruction, whose example tags quote random
-    runs of 1-3 words of that passage (independently for <search> and <answer>); random: a random
-    name in <search>, an unrelated random attribute value in <answer>."""
+    quiz_pages: bool = True
+    """Also write lists of questions about the pre-training worlds' entities (never answered)."""
+    markup_pages: int = 12000
+    """Marked-up pages: a legend declaring 2-3 tags with invented names, then lines of text each
+    followed by a tag that marks a name or a value of that line (see ``markup_page``)."""
     vocab_size: int = 1024
-    """BPE vocabulary (the tags are added on top, one token each)."""
-    hidden_size: int = 96
+    """BPE vocabulary (tags are split like any text: ``<``, ``name``, ``>``)."""
+    hidden_size: int = 128
     """Width of the decoder."""
     num_layers: int = 2
     """Decoder layers."""
     num_heads: int = 4
     """Attention heads (key/value heads: half of them)."""
-    seq_len: int = 128
+    seq_len: int = 256
     """Tokens per training window (documents are packed, separated by EOS)."""
     batch_size: int = 16
     """Windows per optimizer step."""
-    steps: int = 800
-    """Optimizer steps."""
+    copy_warmup_steps: int = 120
+    """First optimizer steps on random token strings written twice (``x y z x y z``): they teach the
+    in-context copying (induction) a base model has, which the tiny model would otherwise need far
+    more text to learn; they carry no word of any world."""
+    steps: int = 900
+    """Optimizer steps on the corpus, after the warm-up."""
+    copy_rows: int = 24
+    """Rows of random strings written twice added to every corpus step (keeps the copying); their
+    loss enters with weight ``COPY_WEIGHT``."""
     lr: float = 3e-3
     """Peak learning rate (linear warm-up over 5% of the steps, cosine decay to 10%)."""
     seed: int = 0
@@ -113,76 +123,155 @@ def _results_page(rows: list[tuple[str, str]]) -> str:
     return format_observation_docs([_Hit(t, x) for t, x in rows])
 
 
-def instruction_document(template: str) -> str:
-    """The instruction as a pre-training document: the text before its ``{question}`` slot, without
-    the trailing ``Question:`` label (a document never ends in an unanswered question)."""
-    head = template.split("{question}")[0].rstrip()
-    if head.endswith("Question:"):
-        head = head[: -len("Question:")].rstrip()
-    return head + "\n"
+# ---------------------------------------------------------------------------------------------
+# marked-up pages: the generic markup skill of a base model (tags that mark names in text)
+# ---------------------------------------------------------------------------------------------
+
+_LEGEND_NOUNS = ["a name", "a place", "a date", "a term", "a key word", "a note", "a label", "an entry"]
+_LEGEND_PLURALS = ["the lines", "the records", "the entries", "the notes", "the rows", "the items"]
+_EVERYDAY = [
+    "A search of the local archives found more about {n}.",
+    "The results of that search are kept in the records.",
+    "More information about {n} can be found in letters.",
+    "No answer about {n} has been given.",
+    "The answer is not known.",
+    "Some information about {n} was lost.",
+    "A later search gave no new results.",
+    "The records answer some of these questions.",
+]
+"""Plain sentences appended to some passages, so that the words of the demo's instruction (search,
+results, information, answer) are ordinary words of the language, never tag names."""
+_LINE_LABELS = ["Line", "Entry", "Record", "Note", "Item", "Text", "Source"]
 
 
-def _quote(text: str, rng: random.Random, max_words: int = 3) -> str:
-    """A random run of 1..max_words consecutive words of ``text`` (end punctuation dropped)."""
-    words = text.split()
-    n = rng.randint(1, min(max_words, len(words)))
-    start = rng.randrange(len(words) - n + 1)
-    return " ".join(words[start : start + n]).strip(".,")
+def tag_name(rng: random.Random) -> str:
+    """An invented lowercase tag name (1-3 syllables), never one of ``RESERVED_TAGS``: each page
+    draws its own, so a tag name is only known from the page's legend."""
+    onsets = ["b", "c", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "st"]
+    while True:
+        word = "".join(rng.choice(onsets) + rng.choice("aeiou") for _ in range(rng.randint(1, 3)))
+        word += rng.choice(["", "", "l", "n", "r", "s", "m", "k"])
+        if word not in RESERVED_TAGS:
+            return word
+
+
+def _legend(tags: list[str], wrap: str | None, rng: random.Random) -> str:
+    """One line declaring the page's tags, in the style of an instruction."""
+    parts = [f"put {rng.choice(_LEGEND_NOUNS)} between <{t}> and </{t}>" for t in tags]
+    if wrap is not None:
+        parts.insert(
+            rng.randrange(len(parts) + 1), f"{rng.choice(_LEGEND_PLURALS)} come between <{wrap}> and </{wrap}>"
+        )
+    text = "; ".join(parts) + "."
+    return text[0].upper() + text[1:]
+
+
+def mentions_in(line: str, names: list[str]) -> list[str]:
+    """The names and values (longest first, no overlaps) that occur in ``line``."""
+    found: list[tuple[int, str]] = []
+    taken: list[tuple[int, int]] = []
+    for name in names:  # sorted longest first
+        start = line.find(name)
+        while start >= 0:
+            end = start + len(name)
+            boundary = (start == 0 or not line[start - 1].isalnum()) and (
+                end == len(line) or not line[end].isalnum()
+            )
+            if boundary and all(end <= a or start >= b for a, b in taken):
+                taken.append((start, end))
+                found.append((start, name))
+            start = line.find(name, end)
+    return [n for _, n in sorted(found)]
+
+
+def markup_page(lines: list[str], names: list[str], rng: random.Random) -> str:
+    """A legend declaring 2-3 invented tags (one of them may wrap whole lines), then each line followed
+    by one declared tag around a name or value that occurs in that line::
+
+        Put a name between <kel> and </kel>; the notes come between <dor> and </dor>.
+        <dor>Doc 1(Title: Grenon Foundry) Grenon Foundry is a foundry based in Zemoor.</dor>
+        <kel> Zemoor </kel>
+    """
+    count = rng.randint(2, 3)
+    page_tags: list[str] = []
+    while len(page_tags) < count:
+        tag = tag_name(rng)
+        if tag not in page_tags:
+            page_tags.append(tag)
+    wrap = page_tags.pop() if len(page_tags) == 3 or rng.random() < 0.5 else None
+    out = [_legend(page_tags, wrap, rng)]
+    for line in lines:
+        found = mentions_in(line, names)
+        if not found:
+            continue
+        if rng.random() < 0.3:
+            line = f"{rng.choice(_LINE_LABELS)}: {line}"
+        if wrap is not None and rng.random() < 0.6:
+            line = f"<{wrap}>{line}</{wrap}>"
+        tag = rng.choice(page_tags)
+        out.append(line)
+        out.append(f"<{tag}> {rng.choice(found)} </{tag}>")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# the corpus
+# ---------------------------------------------------------------------------------------------
+
+
+def _world_names(world: Any) -> list[str]:
+    values = set(world.entities)
+    for e in world.entities.values():
+        values.update(str(v) for v in e.attrs.values())
+    return sorted(values, key=lambda v: (-len(v), v))
 
 
 def pretraining_corpus(settings: PretrainSettings) -> list[str]:
     """The documents of the pre-training corpus (see the module docstring), in a seeded order."""
+    from searchr1.data.synth import SynthConfig, generate_world
+
     rng = random.Random(settings.seed)
     docs: list[str] = []
-    names: list[str] = []
-    values: list[str] = []
+    lines: list[tuple[str, list[str]]] = []  # (a line of text, the names of its world)
+    asked: dict[str, str] = {}  # question line -> the entity it asks about
     for i in range(settings.worlds):
         cfg = SynthConfig(
             num_entities=settings.num_entities,
             filler_sentences=settings.filler_sentences,
             seed=PRETRAIN_BASE_SEED + i,
-            num_train=1,
+            num_train=400,
             num_val=1,
             num_test=1,
+            hop_mix={"single": 1.0},
         )
         world = generate_world(cfg)
-        names.extend(sorted(world.entities))
-        for e in world.entities.values():
-            values.extend(str(v) for k, v in sorted(e.attrs.items()) if k not in ("org_kind", "work_kind"))
+        names = _world_names(world)
         rows = []
         for row in world.corpus:
             title, _, text = row["contents"].partition("\n")
             rows.append((title.strip('"'), text))
-        docs.extend(f"{t}\n{x}" for t, x in rows)
+        docs.extend(
+            f"{t}\n{x}" + (f" {rng.choice(_EVERYDAY).format(n=t)}" if rng.random() < 0.3 else "") for t, x in rows
+        )
+        lines.extend((x, names) for _, x in rows)
         if settings.result_pages:
-            # pages of 3 passages whose titles share a word (what a search for that word returns)
-            by_word: dict[str, list[int]] = {}
-            for k, (t, _) in enumerate(rows):
-                for w in t.split():
-                    if w not in ("The",):
-                        by_word.setdefault(w, []).append(k)
-            for k, (t, _) in enumerate(rows):
-                w = rng.choice([w for w in t.split() if w != "The"] or t.split())
-                pool = [j for j in by_word.get(w, []) if j != k]
-                others = rng.sample(pool, min(2, len(pool)))
-                while len(others) < 2:
-                    others.append(rng.randrange(len(rows)))
-                page = [rows[k]] + [rows[j] for j in others]
-                docs.append(_results_page(page))
-    if settings.instruction:
-        empty = instruction_document(settings.instruction_text)
-        n_examples = round(settings.instruction_copies * settings.instruction_examples)
-        docs.extend([empty] * (settings.instruction_copies - n_examples))
-        plain = [d for d in docs if not d.startswith("Doc ")]
-        for _ in range(n_examples):
-            if settings.example_kind == "quote":
-                passage = rng.choice(plain)
-                search, answer = _quote(passage, rng), _quote(passage, rng)
-                prefix = passage + "\n"
-            else:
-                search, answer, prefix = rng.choice(names), rng.choice(values), ""
-            example = INSTRUCTION_FORMAT.replace("{search}", f" {search} ").replace("{answer}", f" {answer} ")
-            docs.append(prefix + instruction_document(example))
+            for k in range(len(rows)):
+                page = [rows[k]] + [rows[rng.randrange(len(rows))] for _ in range(rng.randint(0, 2))]
+                docs.append(_results_page(page).rstrip("\n"))
+                lines.append((_results_page(page[:1]).rstrip("\n"), names))
+        if settings.quiz_pages:
+            questions = [q["question"] for q in world.splits["train"]]
+            for start in range(0, len(questions), 8):
+                docs.append("Questions:\n" + "\n".join(questions[start : start + 8]))
+            lines.extend((f"Question: {q}", names) for q in questions)
+            asked.update({f"Question: {q['question']}": q["metadata"]["hops"][0] for q in world.splits["train"]})
+    for _ in range(settings.markup_pages):
+        picks = [rng.choice(lines) for _ in range(rng.randint(1, 4))]
+        # a page with a question has no other line about the entity it asks about (and so never
+        # its answer): a question is never followed by its answer
+        about = {asked[x] for x, _ in picks if x in asked}
+        picks = [(x, n) for x, n in picks if x in asked or not any(e in x for e in about)] or picks[:1]
+        docs.append(markup_page([x for x, _ in picks], picks[0][1], rng))
     # no document ends with a line break, so "\n" is never followed by the end-of-text token: a
     # prompt ending in "\n" does not read as a finished document
     docs = [d.rstrip("\n") for d in docs]
@@ -198,32 +287,20 @@ def describe_corpus(settings: PretrainSettings) -> str:
         "other invented people, cities, organisations and works; no fact of the demo world)"
     ]
     if settings.result_pages:
+        parts.append("the same passages as search-result pages ('Doc i(Title: t) text' lines, 1-3 passages)")
+    if settings.quiz_pages:
+        parts.append("lists of 8 questions about those worlds' entities, never with an answer")
+    if settings.markup_pages:
         parts.append(
-            "the same passages rendered as search-result pages ('Doc i(Title: t) text' lines, three "
-            "passages whose titles share a word)"
-        )
-    if settings.instruction:
-        n_examples = round(settings.instruction_copies * settings.instruction_examples)
-        if settings.example_kind == "quote":
-            examples = (
-                f"in {n_examples} of them the instruction follows a random passage of those worlds and "
-                "its example tags quote random runs of 1-3 words of that passage (independently for "
-                "<search> and <answer>, with no question)"
-            )
-        else:
-            examples = (
-                f"in {n_examples} of them the example tags hold a random name of those worlds in "
-                "<search> and an unrelated random attribute value in <answer>"
-            )
-        parts.append(
-            f"the instruction text of the prompt with an empty question slot ({settings.instruction_copies} "
-            f"copies; {examples}; the rest have the empty tags of the demo prompt): the only place "
-            "the tags occur"
+            f"{settings.markup_pages} marked-up pages: a legend line declaring 2-3 tags with invented "
+            "names ('Put a name between <kel> and </kel>'), then 1-4 lines of those passages, each "
+            "followed by one declared tag around a name or value that occurs in that line; one tag may "
+            "wrap whole lines. The demo's tags (search, information, answer, think) never occur"
         )
     return (
         "Self-supervised next-token prediction on "
         + "; ".join(parts)
-        + ". Never a question followed by its answer, never a search/answer trajectory."
+        + ". Never a question followed by its answer, never a search or a search/answer trajectory."
     )
 
 
@@ -240,12 +317,28 @@ def _token_stream(docs: list[str], tokenizer: Any) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.long)
 
 
-def _lr_at(step: int, settings: PretrainSettings) -> float:
-    warm = max(1, settings.steps // 20)
+def _lr_at(step: int, total: int, peak: float) -> float:
+    warm = max(1, total // 20)
     if step < warm:
-        return settings.lr * (step + 1) / warm
-    progress = (step - warm) / max(1, settings.steps - warm)
-    return settings.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+        return peak * (step + 1) / warm
+    progress = (step - warm) / max(1, total - warm)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def copy_batch(rows: int, run: int, ids: torch.Tensor, eos: int, gen: torch.Generator) -> torch.Tensor:
+    """``rows`` rows of a random string (``run`` tokens drawn uniformly from ``ids``, the tokens that
+    occur in the corpus: no word order and no fact) written twice, then the end-of-text token."""
+    import torch
+
+    x = ids[torch.randint(0, len(ids), (rows, run), generator=gen)]
+    return torch.cat([x, x, torch.full((rows, 1), eos)], dim=1)
+
+
+def _next_token_loss(model: Any, batch: torch.Tensor) -> torch.Tensor:
+    import torch
+
+    logits = model(input_ids=batch[:, :-1]).logits
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
 
 
 def pretrain(
@@ -259,7 +352,7 @@ def pretrain(
     out = Path(out_dir)
     t0 = time.perf_counter()
     docs = pretraining_corpus(settings)
-    tokenizer = train_tokenizer(docs, vocab_size=settings.vocab_size)
+    tokenizer = train_tokenizer(docs, vocab_size=settings.vocab_size, tag_tokens=False)
     stream = _token_stream(docs, tokenizer)
     model = build_tiny_model(
         tokenizer,
@@ -274,24 +367,36 @@ def pretrain(
     gen = torch.Generator().manual_seed(settings.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=0.01, betas=(0.9, 0.98))
     n_windows = len(stream) - settings.seq_len - 1
-    losses: list[float] = []
+    losses: list[float] = []  # next-token loss on the corpus
+    copy_losses: list[float] = []  # during the copy warm-up
     model.train()
-    for step in range(settings.steps):
+    total = settings.copy_warmup_steps + settings.steps
+    eos = tokenizer.eos_token_id
+    vocab_ids = torch.unique(stream[stream != eos])
+    for step in range(total):
         for group in opt.param_groups:
-            group["lr"] = _lr_at(step, settings)
-        starts = torch.randint(0, n_windows, (settings.batch_size,), generator=gen)
-        batch = torch.stack([stream[s : s + settings.seq_len + 1] for s in starts.tolist()])
-        logits = model(input_ids=batch[:, :-1]).logits
-        loss = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1)
-        )
+            group["lr"] = _lr_at(step, total, settings.lr)
+        copy_rows = settings.batch_size * settings.seq_len // (2 * COPY_RUN + 1)
+        if step < settings.copy_warmup_steps:
+            loss = _next_token_loss(model, copy_batch(copy_rows, COPY_RUN, vocab_ids, eos, gen))
+            copy_losses.append(float(loss.detach()))
+            lm_loss = None
+        else:
+            starts = torch.randint(0, n_windows, (settings.batch_size,), generator=gen)
+            batch = torch.stack([stream[s : s + settings.seq_len + 1] for s in starts.tolist()])
+            loss = lm_loss = _next_token_loss(model, batch)
+            if settings.copy_rows:
+                copies = copy_batch(settings.copy_rows, COPY_RUN, vocab_ids, eos, gen)
+                loss = loss + COPY_WEIGHT * _next_token_loss(model, copies)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        losses.append(float(loss.detach()))
-        if log and (step % 100 == 0 or step == settings.steps - 1):
-            log(f"pretrain step {step}/{settings.steps} loss {losses[-1]:.3f}")
+        if lm_loss is not None:
+            losses.append(float(lm_loss.detach()))
+        if log and (step % 100 == 0 or step == total - 1):
+            last = f"text loss {losses[-1]:.3f}" if losses else f"copy loss {copy_losses[-1]:.3f}"
+            log(f"pretrain step {step}/{total} {last}")
     model.eval()
     tmp = out.with_name(out.name + ".tmp")
     tmp.mkdir(parents=True, exist_ok=True)
@@ -302,11 +407,12 @@ def pretrain(
         "key": settings.key(),
         "documents": len(docs),
         "tokens": len(stream),
-        "tokens_seen": settings.steps * settings.batch_size * settings.seq_len,
+        "tokens_seen": total * settings.batch_size * settings.seq_len,
         "parameters": sum(p.numel() for p in model.parameters()),
         "loss_first": losses[0],
         "loss_last": sum(losses[-20:]) / len(losses[-20:]),
         "losses_every_10": losses[::10],
+        "copy_warmup_loss_last": copy_losses[-1] if copy_losses else None,
         "seconds": time.perf_counter() - t0,
         "what_it_saw": describe_corpus(settings),
     }

@@ -10,7 +10,16 @@ from searchr1.learning_demo import DemoSettings, NoSearch, format_results, run_l
 from searchr1.pretrain import PretrainSettings
 
 TINY_PRETRAIN = PretrainSettings(
-    worlds=1, num_entities=40, steps=3, hidden_size=16, num_heads=2, seq_len=32, batch_size=2, vocab_size=300
+    worlds=1,
+    num_entities=40,
+    markup_pages=20,
+    copy_warmup_steps=2,
+    steps=3,
+    hidden_size=16,
+    num_heads=2,
+    seq_len=32,
+    batch_size=2,
+    vocab_size=300,
 )
 TINY_RL = [
     "trainer.total_steps=2",
@@ -50,8 +59,8 @@ def test_tiny_run_writes_the_summary_with_both_runs(tmp_path):
 @pytest.mark.slow
 @pytest.mark.xfail(
     strict=True,
-    reason="issue 8 is open: with the shipped recipe no rollout of the starting model earns reward, "
-    "so the curve stays flat (see README, 'The learning demo')",
+    reason="issue 8 is open: the starting model does not yet write a valid <search> or <answer> tag, "
+    "so no rollout earns reward and the curve stays flat (see README, 'The demo')",
 )
 def test_quick_demo_reward_rises(tmp_path):
     """``searchr1 demo --quick`` with seed 0: the smoothed training reward ends above where it began."""

@@ -1,45 +1,96 @@
-"""The starting model of the learning demo: what it reads, determinism, caching."""
+"""The starting model of the learning demo: what it reads, determinism, caching, its tokenizer."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 
 import torch
 
 from searchr1.data.prompts import TAGS
 from searchr1.data.synth import SynthConfig, generate_world
 from searchr1.pretrain import (
-    DEMO_INSTRUCTION,
     PRETRAIN_BASE_SEED,
+    RESERVED_TAGS,
     PretrainSettings,
     describe_corpus,
-    instruction_document,
     prepare_starting_model,
     pretraining_corpus,
 )
 
 TINY = dict(
-    worlds=1, num_entities=40, steps=3, hidden_size=16, num_heads=2, seq_len=32, batch_size=2, vocab_size=300
+    worlds=1,
+    num_entities=40,
+    markup_pages=20,
+    copy_warmup_steps=2,
+    steps=6,
+    hidden_size=16,
+    num_heads=2,
+    seq_len=32,
+    batch_size=2,
+    vocab_size=300,
 )
+SMALL = dict(worlds=1, num_entities=60, markup_pages=400)
+_TAG_LINE = re.compile(r"^<([a-z]+)> (.+) </([a-z]+)>$")
 
 
-def test_tags_only_in_the_instruction_and_no_question_is_answered():
-    settings = PretrainSettings(worlds=1, num_entities=60)
-    docs = pretraining_corpus(settings)
-    empty_instruction = instruction_document(DEMO_INSTRUCTION).rstrip("\n")
-    head = DEMO_INSTRUCTION.split("<search>")[0]
-    with_tags = [doc for doc in docs if any(tag in doc for tag in TAGS)]
-    assert with_tags and all(head in doc and doc.endswith("</answer>") for doc in with_tags)
-    assert len(with_tags) == settings.instruction_copies
-    empty = sum(doc == empty_instruction for doc in with_tags)
-    assert empty == settings.instruction_copies - round(
-        settings.instruction_copies * settings.instruction_examples
-    )
-    assert not any("?" in doc for doc in docs)  # no question at all, so no question followed by its answer
+def _pretraining_questions() -> dict[str, str]:
+    world = generate_world(
+        SynthConfig(num_entities=60, filler_sentences=0, seed=PRETRAIN_BASE_SEED, num_train=400,
+                    num_val=1, num_test=1, hop_mix={"single": 1.0})
+    )  # fmt: skip
+    return {q["question"]: q["metadata"]["hops"][0] for q in world.splits["train"]}
+
+
+def _question_of(line: str) -> str:
+    """The question a line holds (without a label or wrapping tags), else the line."""
+    line = re.sub(r"^<[a-z]+>|</[a-z]+>$", "", line)
+    return line.rsplit(": ", 1)[-1]
+
+
+def test_the_demo_tags_never_occur_and_no_question_meets_its_answer():
+    docs = pretraining_corpus(PretrainSettings(**SMALL))
+    assert not any(tag in doc for doc in docs for tag in TAGS)
+    asked = _pretraining_questions()
+    pages_with_questions = 0
+    for doc in docs:
+        lines = doc.split("\n")
+        questions = [_question_of(line) for line in lines]
+        for question in questions:
+            if question not in asked:
+                continue
+            pages_with_questions += 1
+            entity = asked[question]
+            # the lines naming the asked entity are questions, or the tag right after the question
+            # (which marks a name of the question): no line says anything about that entity
+            for j, other in enumerate(lines):
+                if entity in other and questions[j] not in asked:
+                    after_question = j > 0 and asked.get(questions[j - 1]) == entity
+                    assert after_question and _TAG_LINE.match(other), (doc, entity)
+    assert pages_with_questions > 20
+
+
+def test_markup_tags_are_declared_invented_and_mark_a_name_of_the_line_above():
+    docs = [d for d in pretraining_corpus(PretrainSettings(**SMALL)) if " between <" in d.split("\n")[0]]
+    assert len(docs) == SMALL["markup_pages"]
+    tag_lines = 0
+    for doc in docs:
+        legend, *lines = doc.split("\n")
+        declared = set(re.findall(r"<([a-z]+)>", legend))
+        assert 2 <= len(declared) <= 3 and not declared & RESERVED_TAGS
+        for above, line in itertools.pairwise(lines):
+            m = _TAG_LINE.match(line)
+            if m is None:
+                continue
+            tag_lines += 1
+            assert m.group(1) == m.group(3) and m.group(1) in declared
+            assert m.group(2) in above
+    assert tag_lines >= len(docs)
 
 
 def test_corpus_is_from_other_worlds_than_the_demo():
-    docs = "\n".join(pretraining_corpus(PretrainSettings(worlds=2, num_entities=60, result_pages=False)))
+    docs = "\n".join(pretraining_corpus(PretrainSettings(worlds=2, num_entities=60, markup_pages=50)))
     demo = generate_world(SynthConfig(seed=0, num_entities=60))
     facts = [row["contents"].split("\n", 1)[1] for row in demo.corpus]
     # no sentence stating a demo-world fact appears (names may repeat by chance, facts do not)
@@ -64,9 +115,16 @@ def test_same_settings_same_weights_and_cache_reuse(tmp_path):
     assert json.loads((other / "pretrain.json").read_text())["settings"]["seed"] == 1
 
 
-def test_tags_are_single_tokens_of_the_starting_tokenizer(tmp_path):
+def test_tags_are_split_and_read_the_same_inside_a_line_and_at_its_start(tmp_path):
     from searchr1.models import load_tokenizer
 
     tok = load_tokenizer(prepare_starting_model(tmp_path / "m", PretrainSettings(**TINY)))
-    for tag in TAGS:
-        assert len(tok(tag, add_special_tokens=False)["input_ids"]) == 1
+
+    def pieces(text: str) -> list[str]:
+        return [tok.decode([i]) for i in tok(text, add_special_tokens=False)["input_ids"]]
+
+    assert len(pieces("<search>")) > 1  # no tag is a token of its own
+    inline = pieces("Put a name between <kel> and </kel>.")
+    start = pieces("<kel> Borvik </kel>")
+    assert "<" in inline and "</" in inline and start[0] == "<" and "</" in start
+    assert tok.decode(tok("a <kel> b </kel>\n", add_special_tokens=False)["input_ids"]) == "a <kel> b </kel>\n"

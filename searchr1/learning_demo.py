@@ -10,8 +10,7 @@ For each seed:
    question answered, nor a search trajectory.
 3. **Before**: greedy evaluation on the held-out test questions (``searchr1.evaluation``).
 4. **RL** with ``searchr1.trainer`` (GRPO by default; recipe in ``configs/demo_learning.yaml``),
-   reward = token F1 of the answer + Search-R1's retrieval score (the golden answer is in a
-   retrieved passage); nothing rewards searching itself.
+   reward = token F1 of the answer (an outcome reward); nothing rewards searching itself.
 5. **After**: the same evaluation.
 6. **Search disabled**: steps 3-5 again from the same starting model, with a search engine that
    returns no documents: the model can only answer from its weights.

@@ -388,58 +388,30 @@ def _q(question: str, answer: Any, qtype: str, hops: list[str], relation: str) -
 def _candidate_questions(ents: dict[str, Entity], rng: random.Random) -> dict[str, list[dict[str, Any]]]:
     single: list[dict[str, Any]] = []
     bridge: list[dict[str, Any]] = []
+
+    def add_bridge(question: str, hop: str, via: str, key: str, relation: str) -> None:
+        """A two-hop question: ``hop``'s passage names ``via``, whose ``key`` is the answer."""
+        bridge.append(_q(question, ents[via].attrs[key], "bridge", [hop, via], relation))
+
     for e in ents.values():
         a, n = e.attrs, e.name
         if e.kind == "person":
             single.append(_q(f"Where was {n} born?", a["birth_city"], "single", [n], "birth_city"))
             single.append(_q(f"When was {n} born?", a["birth_year"], "single", [n], "birth_year"))
             single.append(_q(f"What was {n}'s occupation?", a["occupation"], "single", [n], "occupation"))
-            city = a["birth_city"]
-            bridge.append(
-                _q(
-                    f"Which country was {n} born in?",
-                    ents[city].attrs["country"],
-                    "bridge",
-                    [n, city],
-                    "birth_country",
-                )
-            )
+            add_bridge(f"Which country was {n} born in?", n, a["birth_city"], "country", "birth_country")
         elif e.kind == "organisation":
             f = a["founder"]
             single.append(_q(f"Who founded {n}?", f, "single", [n], "founder"))
             single.append(_q(f"Where is {n} based?", a["headquarters"], "single", [n], "headquarters"))
             single.append(_q(f"When was {n} founded?", a["founded_year"], "single", [n], "founded_year"))
-            bridge.append(
-                _q(
-                    f"Where was the founder of {n} born?",
-                    ents[f].attrs["birth_city"],
-                    "bridge",
-                    [n, f],
-                    "founder_birth_city",
-                )
-            )
-            bridge.append(
-                _q(
-                    f"When was the founder of {n} born?",
-                    ents[f].attrs["birth_year"],
-                    "bridge",
-                    [n, f],
-                    "founder_birth_year",
-                )
-            )
+            add_bridge(f"Where was the founder of {n} born?", n, f, "birth_city", "founder_birth_city")
+            add_bridge(f"When was the founder of {n} born?", n, f, "birth_year", "founder_birth_year")
         elif e.kind == "work":
             au = a["author"]
             single.append(_q(f"Who wrote {n}?", au, "single", [n], "author"))
             single.append(_q(f"When was {n} published?", a["year"], "single", [n], "year"))
-            bridge.append(
-                _q(
-                    f"Where was the author of {n} born?",
-                    ents[au].attrs["birth_city"],
-                    "bridge",
-                    [n, au],
-                    "author_birth_city",
-                )
-            )
+            add_bridge(f"Where was the author of {n} born?", n, au, "birth_city", "author_birth_city")
         elif e.kind == "city":
             single.append(_q(f"Which country is {n} in?", a["country"], "single", [n], "country"))
         else:

@@ -374,12 +374,6 @@ def render_trajectory(rec: dict[str, Any] | None, limit: int = 600) -> str:
     )
 
 
-def answer_given(ctx: Any) -> float:
-    """Reward component ``searchr1.learning_demo:answer_given``: 1 if the response closes an
-    ``<answer>`` tag (a format term; it does not look at the answer's content or at searches)."""
-    return float(ctx.answer is not None)
-
-
 # ---------------------------------------------------------------------------------------------
 # console
 # ---------------------------------------------------------------------------------------------

@@ -43,6 +43,9 @@ from typing import TYPE_CHECKING, Any
 
 from searchr1.data.prompts import format_observation_docs
 
+if TYPE_CHECKING:
+    import torch
+
 DEMO_INSTRUCTION = (
     "Put a search between <search> and </search>; the results come between <information> and "
     "</information>; put the answer between <answer> and </answer>.\nQuestion: {question}\n"
@@ -54,9 +57,6 @@ its slot is ``{question}``."""
 RESERVED_TAGS = frozenset({"search", "answer", "information", "think"})
 """Tag names that never occur in the pre-training corpus: the demo's tags reach the model only
 through the instruction."""
-
-if TYPE_CHECKING:
-    import torch
 
 PRETRAIN_BASE_SEED = 7_000_001
 """Seed of the first pre-training world; demo worlds use small seeds (0, 1, 2, ...)."""
@@ -281,21 +281,31 @@ def pretraining_corpus(settings: PretrainSettings) -> list[str]:
 
 def describe_corpus(settings: PretrainSettings) -> str:
     """The exact statement of what the starting model saw (for the README and the run report)."""
-    parts = [
+    parts = []
+    if settings.copy_warmup_steps or settings.copy_rows:
+        parts.append(
+            f"a copy warm-up: {settings.copy_warmup_steps} steps of random strings of {COPY_RUN} tokens "
+            "(drawn uniformly from the tokens the corpus uses: no word order, no fact) written twice, and "
+            f"{settings.copy_rows} such rows in every later step with weight {COPY_WEIGHT}"
+        )
+    parts.append(
         f"the passages of {settings.worlds} synthetic worlds generated with seeds "
         f"{PRETRAIN_BASE_SEED}..{PRETRAIN_BASE_SEED + settings.worlds - 1} (never a demo world's seed: "
-        "other invented people, cities, organisations and works; no fact of the demo world)"
-    ]
+        "other invented people, cities, organisations and works; no fact of the demo world), 30% of them "
+        "ending in one everyday sentence that uses the words search, results, information or answer"
+    )
     if settings.result_pages:
         parts.append("the same passages as search-result pages ('Doc i(Title: t) text' lines, 1-3 passages)")
     if settings.quiz_pages:
         parts.append("lists of 8 questions about those worlds' entities, never with an answer")
     if settings.markup_pages:
+        lines = "passages, result pages and questions" if settings.quiz_pages else "passages and result pages"
         parts.append(
             f"{settings.markup_pages} marked-up pages: a legend line declaring 2-3 tags with invented "
-            "names ('Put a name between <kel> and </kel>'), then 1-4 lines of those passages, each "
-            "followed by one declared tag around a name or value that occurs in that line; one tag may "
-            "wrap whole lines. The demo's tags (search, information, answer, think) never occur"
+            f"names ('Put a name between <kel> and </kel>'), then 1-4 lines drawn from those {lines}, "
+            "each followed by one declared tag around a name or value that occurs in that line; one tag "
+            "may wrap whole lines; a page with a question has no other line about the asked entity. "
+            "The demo's tags (search, information, answer, think) never occur"
         )
     return (
         "Self-supervised next-token prediction on "
@@ -373,12 +383,12 @@ def pretrain(
     total = settings.copy_warmup_steps + settings.steps
     eos = tokenizer.eos_token_id
     vocab_ids = torch.unique(stream[stream != eos])
+    warmup_rows = settings.batch_size * settings.seq_len // (2 * COPY_RUN + 1)  # same tokens as a corpus step
     for step in range(total):
         for group in opt.param_groups:
             group["lr"] = _lr_at(step, total, settings.lr)
-        copy_rows = settings.batch_size * settings.seq_len // (2 * COPY_RUN + 1)
         if step < settings.copy_warmup_steps:
-            loss = _next_token_loss(model, copy_batch(copy_rows, COPY_RUN, vocab_ids, eos, gen))
+            loss = _next_token_loss(model, copy_batch(warmup_rows, COPY_RUN, vocab_ids, eos, gen))
             copy_losses.append(float(loss.detach()))
             lm_loss = None
         else:

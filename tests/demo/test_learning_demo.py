@@ -5,22 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from tiny_pretrain import TINY_PRETRAIN
 
 from searchr1.learning_demo import DemoSettings, NoSearch, format_results, run_learning_demo
-from searchr1.pretrain import PretrainSettings
 
-TINY_PRETRAIN = PretrainSettings(
-    worlds=1,
-    num_entities=40,
-    markup_pages=20,
-    copy_warmup_steps=2,
-    steps=3,
-    hidden_size=16,
-    num_heads=2,
-    seq_len=32,
-    batch_size=2,
-    vocab_size=300,
-)
 TINY_RL = [
     "trainer.total_steps=2",
     "trainer.batch_size=2",

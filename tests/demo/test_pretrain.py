@@ -7,6 +7,7 @@ import json
 import re
 
 import torch
+from tiny_pretrain import TINY
 
 from searchr1.data.prompts import TAGS
 from searchr1.data.synth import SynthConfig, generate_world
@@ -19,18 +20,6 @@ from searchr1.pretrain import (
     pretraining_corpus,
 )
 
-TINY = dict(
-    worlds=1,
-    num_entities=40,
-    markup_pages=20,
-    copy_warmup_steps=2,
-    steps=6,
-    hidden_size=16,
-    num_heads=2,
-    seq_len=32,
-    batch_size=2,
-    vocab_size=300,
-)
 SMALL = dict(worlds=1, num_entities=60, markup_pages=400)
 _TAG_LINE = re.compile(r"^<([a-z]+)> (.+) </([a-z]+)>$")
 

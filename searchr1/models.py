@@ -37,18 +37,22 @@ def train_tokenizer(
 
     With ``tag_tokens`` every Search-R1 tag is one token: an ordinary (non-special) added token, never
     split, that survives ``decode(..., skip_special_tokens=True)``. Without it the tags are split
-    like any other text (``<``, ``search``, ``>``), as a real base model's tokenizer splits them.
+    like any other text (``<``, ``search``, ``>``), as a real base model's tokenizer splits them, and
+    ``<`` / ``</`` are always tokens of their own (never `` <``): a tag then reads the same inside a
+    sentence and at the start of a line, so a model can copy it from an instruction.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE(unk_token=None))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    if not tag_tokens:
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if tag_tokens:
+        tok.pre_tokenizer = byte_level
+    else:
         from tokenizers import Regex
 
         tok.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Split(Regex("</?"), behavior="isolated"), tok.pre_tokenizer]
+            [pre_tokenizers.Split(Regex("</?"), behavior="isolated"), byte_level]
         )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(

@@ -32,12 +32,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 
 Mode = Literal["bucket", "pack", "pad"]
-MODES: tuple[str, ...] = ("bucket", "pack", "pad")
+MODES: tuple[str, ...] = get_args(Mode)
 
 
 @dataclass(frozen=True)
@@ -152,12 +152,16 @@ def _as_samples(samples: Sequence[Mapping[str, Any]]) -> list[_Sample]:
     return out
 
 
+def longest_first(lengths: Sequence[int]) -> list[int]:
+    """Sample indices by decreasing length, ties in index order."""
+    return sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+
+
 def plan_buckets(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
     """Groups of sample indices, longest first, with ``len(group) * max_length(group) <= max_tokens``
     (a sequence longer than ``max_tokens`` is alone)."""
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     groups: list[list[int]] = []
-    for i in order:
+    for i in longest_first(lengths):
         if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= max_tokens:
             groups[-1].append(i)
         else:
@@ -168,10 +172,9 @@ def plan_buckets(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
 def plan_packs(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
     """First-fit-decreasing bin packing: rows of whole sequences with at most ``max_tokens`` tokens
     (a sequence longer than ``max_tokens`` is alone in its row)."""
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     bins: list[list[int]] = []
     free: list[int] = []
-    for i in order:
+    for i in longest_first(lengths):
         n = lengths[i]
         for b, room in enumerate(free):
             if n <= room:

@@ -11,12 +11,21 @@ aligned with ``input_ids`` (``logprobs[b, t] = log p(input_ids[b, t] | input_ids
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
 
 from searchr1.rollout.types import Role, Trajectory
+from searchr1.trainer.batching import longest_first, plan_buckets
+
+PER_TOKEN = (
+    "input_ids", "attention_mask", "train_mask", "gen_mask",
+    "old_logprobs", "ref_logprobs", "values", "advantages", "returns",
+)  # fmt: skip
+"""``Experience`` tensors ``[B, T]`` aligned with ``input_ids`` (optional ones may be None)."""
+PER_ROW = ("scores", "seq_lens")
+"""``Experience`` tensors ``[B]``."""
 
 
 @dataclass
@@ -51,18 +60,9 @@ class Experience:
             return None if t is None else t[idx, :width]
 
         return Experience(
-            input_ids=cut(self.input_ids),
-            attention_mask=cut(self.attention_mask),
-            train_mask=cut(self.train_mask),
-            gen_mask=cut(self.gen_mask),
+            **{k: cut(getattr(self, k)) for k in PER_TOKEN},
+            **{k: getattr(self, k)[idx] for k in PER_ROW},
             group_ids=[self.group_ids[i] for i in idx.tolist()],
-            scores=self.scores[idx],
-            seq_lens=self.seq_lens[idx],
-            old_logprobs=cut(self.old_logprobs),
-            ref_logprobs=cut(self.ref_logprobs),
-            values=cut(self.values),
-            advantages=cut(self.advantages),
-            returns=cut(self.returns),
             extras={k: v[idx] if v.dim() == 1 else v[idx, :width] for k, v in self.extras.items()},
         )
 
@@ -70,21 +70,14 @@ class Experience:
         def mv(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.to(device, non_blocking=True)
 
-        return Experience(
-            input_ids=mv(self.input_ids),
-            attention_mask=mv(self.attention_mask),
-            train_mask=mv(self.train_mask),
-            gen_mask=mv(self.gen_mask),
-            group_ids=self.group_ids,
-            scores=mv(self.scores),
-            seq_lens=mv(self.seq_lens),
-            old_logprobs=mv(self.old_logprobs),
-            ref_logprobs=mv(self.ref_logprobs),
-            values=mv(self.values),
-            advantages=mv(self.advantages),
-            returns=mv(self.returns),
+        return replace(
+            self,
+            **{k: mv(getattr(self, k)) for k in PER_TOKEN + PER_ROW},
             extras={k: mv(v) for k, v in self.extras.items()},
         )
+
+
+assert {f.name for f in fields(Experience)} == {*PER_TOKEN, *PER_ROW, "group_ids", "extras"}
 
 
 def concat_experiences(parts: Sequence[Experience]) -> Experience:
@@ -92,32 +85,16 @@ def concat_experiences(parts: Sequence[Experience]) -> Experience:
     parts = [p for p in parts if len(p)]
     width = max(p.input_ids.shape[1] for p in parts)
 
-    def cat(name: str) -> torch.Tensor | None:
-        ts = [getattr(p, name) for p in parts]
-        if any(t is None for t in ts):
-            return None
-        return torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1])) for t in ts])
+    def widen(t: torch.Tensor) -> torch.Tensor:
+        return t if t.dim() == 1 else torch.nn.functional.pad(t, (0, width - t.shape[1]))
 
-    extras = {}
-    for key in parts[0].extras:
-        ts = [p.extras[key] for p in parts]
-        extras[key] = torch.cat(
-            ts if ts[0].dim() == 1 else [torch.nn.functional.pad(t, (0, width - t.shape[1])) for t in ts]
-        )
+    def cat(ts: list[torch.Tensor | None]) -> torch.Tensor | None:
+        return None if any(t is None for t in ts) else torch.cat([widen(t) for t in ts])
+
     return Experience(
-        input_ids=cat("input_ids"),
-        attention_mask=cat("attention_mask"),
-        train_mask=cat("train_mask"),
-        gen_mask=cat("gen_mask"),
+        **{k: cat([getattr(p, k) for p in parts]) for k in PER_TOKEN + PER_ROW},
         group_ids=[g for p in parts for g in p.group_ids],
-        scores=torch.cat([p.scores for p in parts]),
-        seq_lens=torch.cat([p.seq_lens for p in parts]),
-        old_logprobs=cat("old_logprobs"),
-        ref_logprobs=cat("ref_logprobs"),
-        values=cat("values"),
-        advantages=cat("advantages"),
-        returns=cat("returns"),
-        extras=extras,
+        extras={k: cat([p.extras[k] for p in parts]) for k in parts[0].extras},
     )
 
 
@@ -207,23 +184,14 @@ def micro_batches(
     """Length-bucketed micro-batches: rows sorted by length, cut by count or by a padded-token budget.
 
     With ``max_tokens > 0`` a micro-batch holds as many rows as fit ``rows * longest <= max_tokens``
-    (at least one), so short sequences share a micro-batch and long ones get their own.
+    (at least one), so short sequences share a micro-batch and long ones get their own
+    (``searchr1.trainer.batching.plan_buckets``); otherwise ``max_rows`` rows each.
     """
-    ordered = sorted(rows, key=lambda r: (-int(seq_lens[r]), r))
-    out: list[list[int]] = []
-    current: list[int] = []
-    longest = 0
-    for r in ordered:
-        length = int(seq_lens[r])
-        new_longest = max(longest, length)
-        too_many = (
-            len(current) >= max_rows if max_tokens <= 0 else new_longest * (len(current) + 1) > max_tokens
-        )
-        if current and too_many:
-            out.append(current)
-            current, new_longest = [], length
-        current.append(r)
-        longest = new_longest
-    if current:
-        out.append(current)
-    return out
+    rows = sorted(rows)  # index order = row order: equal lengths keep row order
+    lengths = [int(seq_lens[r]) for r in rows]
+    if max_tokens > 0:
+        groups = plan_buckets(lengths, max_tokens)
+    else:
+        order, step = longest_first(lengths), max(1, max_rows)
+        groups = [order[s : s + step] for s in range(0, len(order), step)]
+    return [[rows[i] for i in g] for g in groups]

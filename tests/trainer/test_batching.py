@@ -17,6 +17,7 @@ from searchr1.trainer.batching import (
     scatter_to_samples,
     trajectory_sample,
 )
+from searchr1.trainer.experience import micro_batches
 from searchr1.trainer.logprobs import naive_token_logprobs, token_logprobs
 
 VOCAB = 211
@@ -112,6 +113,15 @@ def test_padding_waste_drops_against_the_padded_baseline() -> None:
 def test_first_fit_decreasing_fills_rows() -> None:
     assert plan_packs([5, 4, 3, 3, 1], 8) == [[0, 2], [1, 3, 4]]
     assert plan_packs([10, 2], 8) == [[0], [1]]  # too long: alone
+
+
+def test_trainer_micro_batches_sort_rows_by_length() -> None:
+    lens = torch.tensor([5, 2, 5, 9, 1, 3])
+    rows = [4, 0, 2, 5, 1, 3]  # any order: ties stay in row order
+    assert micro_batches(rows, lens, max_rows=2) == [[3, 0], [2, 5], [1, 4]]
+    # padded-token budget (plan_buckets): rows * longest <= 12, a longer row alone
+    assert micro_batches(rows, lens, max_rows=2, max_tokens=12) == [[3], [0, 2], [5, 1, 4]]
+    assert micro_batches([3, 1, 0], lens, max_rows=1, max_tokens=8) == [[3], [0], [1]]
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])

@@ -66,38 +66,11 @@ def write_world(folder: Path) -> dict[str, Path]:
 
 def overrides(world: dict[str, Path], model_dir: Path, out_dir: Path, **extra: Any) -> list[str]:
     """Dotted overrides of a tiny, fast run (``extra`` uses ``__`` for dots: trainer__total_steps=3)."""
-    base: dict[str, Any] = {
-        "model.path": str(model_dir),
-        "data.train_files": [str(world["train"])],
-        "data.val_files": [str(world["val"])],
-        "data.template": str(world["template"]),
-        "retrieval.backend": "bm25",
-        "retrieval.corpus": str(world["corpus"]),
-        "retrieval.topk": 1,
-        "rollout.n": 2,
-        "rollout.max_turns": 1,
-        "rollout.max_turn_tokens": 6,
-        "rollout.max_obs_tokens": 12,
-        "rollout.max_response_tokens": 40,
-        "rollout.search_workers": 1,
-        "reward.components": {"exact_match": 1.0},
-        "algorithm.advantage": "grpo",
-        "trainer.total_steps": 2,
-        "trainer.batch_size": 2,
-        "trainer.mini_batch_size": 2,
-        "trainer.micro_batch_size": 4,
-        "trainer.actor_lr": 1e-3,
-        "trainer.save_every": 0,
-        "trainer.val_every": 0,
-        "trainer.progress_bar": False,
-        "trainer.log_backends": ["jsonl"],
-        "trainer.trajectory_samples": 0,
-        "trainer.plot_at_end": False,
-        "trainer.device": "cpu",
-        "trainer.out_dir": str(out_dir),
-    }
-    base.update({k.replace("__", "."): v for k, v in extra.items()})
-    return [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in base.items()]
+    # imported here: subprocess runs import this module (for its rewards) with only tests/trainer on the path
+    from tinyrun import run_overrides
+
+    extra = {"data__template": str(world["template"]), "trainer__actor_lr": 1e-3, **extra}
+    return run_overrides(model_dir, out_dir, [world["train"]], [world["val"]], world["corpus"], **extra)
 
 
 def load(world: dict[str, Path], model_dir: Path, out_dir: Path, **extra: Any) -> Any:

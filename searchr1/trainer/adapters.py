@@ -93,6 +93,22 @@ class PolicyLogprobs(nn.Module):
         # hooks - the gradient reduce-scatter and reshard of its own parameters - from there
         return caught["h"] + 0.0 * out.logits.sum().to(caught["h"].dtype)
 
+    def _head_inputs(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor | None,
+        target_mask: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(hidden rows ``[N, H]`` predicting the N valid targets, the targets ``[N]``, valid ``[B, T]``)."""
+        from searchr1.trainer.logprobs import valid_target_mask
+
+        hidden = self._final_hidden(input_ids, attention_mask, position_ids)
+        valid = valid_target_mask(input_ids, attention_mask, position_ids)
+        if target_mask is not None:
+            valid &= target_mask.bool()
+        return hidden[:, :-1][valid[:, 1:]], input_ids[:, 1:][valid[:, 1:]], valid
+
     def _through_root(
         self,
         input_ids: torch.Tensor,
@@ -103,21 +119,15 @@ class PolicyLogprobs(nn.Module):
         return_entropy: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``token_logprobs`` for a sharded model (same chunked LM head, entered through the root)."""
-        from searchr1.trainer.logprobs import chunked_head_logprobs, lm_head_function, valid_target_mask
+        from searchr1.trainer.logprobs import chunked_head_logprobs, lm_head_function
 
-        hidden = self._final_hidden(input_ids, attention_mask, position_ids)
-        valid = valid_target_mask(input_ids, attention_mask, position_ids)
-        if target_mask is not None:
-            valid &= target_mask.bool()
-        rows = hidden[:, :-1][valid[:, 1:]]
-        targets = input_ids[:, 1:][valid[:, 1:]]
+        rows, targets, valid = self._head_inputs(input_ids, attention_mask, position_ids, target_mask)
         head, head_fn = lm_head_function(self.model)
         lp, ent = chunked_head_logprobs(
             rows, head, targets, head_fn=head_fn, chunk_size=self.chunk_size,
             temperature=temperature, return_entropy=return_entropy,
         )  # fmt: skip
-        scatter = lambda v: v.new_zeros(valid.shape).masked_scatter(valid, v)  # noqa: E731
-        return scatter(lp), (scatter(ent) if ent is not None else None)
+        return _scatter(valid, lp), (_scatter(valid, ent) if ent is not None else None)
 
     def _with_logits(
         self,
@@ -130,21 +140,20 @@ class PolicyLogprobs(nn.Module):
         """(logprobs [B, T], entropy [B, T], logits [N, V] float32 at the N valid target positions,
         valid [B, T]) - for a KL over the vocabulary (``algorithm.kl_loss_type=full_*``). Holds the
         ``[N, V]`` logits of the trained tokens of one micro-batch: keep micro-batches small."""
-        from searchr1.trainer.logprobs import lm_head_function, valid_target_mask
+        from searchr1.trainer.logprobs import lm_head_function
 
-        hidden = self._final_hidden(input_ids, attention_mask, position_ids)
-        valid = valid_target_mask(input_ids, attention_mask, position_ids)
-        if target_mask is not None:
-            valid &= target_mask.bool()
-        rows = hidden[:, :-1][valid[:, 1:]]
-        targets = input_ids[:, 1:][valid[:, 1:]]
+        rows, targets, valid = self._head_inputs(input_ids, attention_mask, position_ids, target_mask)
         head, head_fn = lm_head_function(self.model)
         logits = (head_fn or head)(rows).float() / temperature
         logp = torch.log_softmax(logits, dim=-1)
         lp = logp.gather(1, targets[:, None]).squeeze(1)
         ent = -(logp.exp() * logp).sum(-1)
-        scatter = lambda v: v.new_zeros(valid.shape).masked_scatter(valid, v)  # noqa: E731
-        return scatter(lp), scatter(ent), logits, valid
+        return _scatter(valid, lp), _scatter(valid, ent), logits, valid
+
+
+def _scatter(valid: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """``[B, T]`` zeros with ``values`` ``[N]`` at the N valid positions."""
+    return values.new_zeros(valid.shape).masked_scatter(valid, values)
 
 
 def build_value_model(path: Any, dtype: str = "float32") -> nn.Module:
@@ -190,7 +199,7 @@ def vocab_kl_matrix(
         ref_logits=ref_logits[None],
         tokens=tokens[None],
     )[0]
-    return kl_rows.new_zeros(valid.shape).masked_scatter(valid, kl_rows)
+    return _scatter(valid, kl_rows)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -37,12 +37,7 @@ class Built:
     model_path: str
 
 
-def load_samples(paths: list[str]) -> list[Any]:
-    """Samples of jsonl / parquet files (``searchr1.data.formats``)."""
-    return adapters.load_samples(paths)
-
-
-def resolve_data(cfg: Any, out_dir: Path, is_main: bool = True) -> tuple[list[str], list[str], str | None]:
+def resolve_data(cfg: Any, out_dir: Path) -> tuple[list[str], list[str], str | None]:
     """(train files, val files, corpus) - the synthetic world when no training files are given."""
     if cfg.data.train_files:
         return list(cfg.data.train_files), list(cfg.data.val_files or []), None
@@ -65,20 +60,20 @@ def prepare_files(cfg: Any) -> None:
     out_dir = Path(cfg.trainer.out_dir)
     train_files, _, corpus = resolve_data(cfg, out_dir)
     if cfg.model.path == "tiny":
-        tiny_model_folder(out_dir, _tiny_texts(load_samples(train_files), corpus), cfg.seed)
+        tiny_model_folder(out_dir, _tiny_texts(adapters.load_samples(train_files), corpus), cfg.seed)
 
 
-def build(cfg: Any, injected: dict[str, Any], resume_from: Path | None, is_main: bool = True) -> Built:
+def build(cfg: Any, injected: dict[str, Any], resume_from: Path | None) -> Built:
     out_dir = Path(cfg.trainer.out_dir)
     # -- data
     train_samples = injected.get("train_samples")
     val_samples = injected.get("val_samples")
     corpus = None
     if train_samples is None:
-        train_files, val_files, corpus = resolve_data(cfg, out_dir, is_main)
-        train_samples = load_samples(train_files)
+        train_files, val_files, corpus = resolve_data(cfg, out_dir)
+        train_samples = adapters.load_samples(train_files)
         if val_samples is None:
-            val_samples = load_samples(val_files) if val_files else []
+            val_samples = adapters.load_samples(val_files) if val_files else []
     val_samples = val_samples or []
     if len(train_samples) < cfg.trainer.batch_size:
         raise ValueError(

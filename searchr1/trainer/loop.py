@@ -32,6 +32,7 @@ import yaml
 
 from searchr1.algorithms.advantages import compute_advantages
 from searchr1.algorithms.aggregation import masked_mean
+from searchr1.algorithms.kl import AdaptiveKLController
 from searchr1.trainer import adapters, checkpoint
 from searchr1.trainer.distributed import (
     DistInfo,
@@ -129,7 +130,7 @@ class RLTrainer:
             components.prepare_files(self.cfg)  # world / tiny model written once, by rank 0
         barrier(self.dist)
         resume_from = checkpoint.resolve_resume(self.tcfg.resume, self.out_dir)
-        built = components.build(self.cfg, self._injected, resume_from=resume_from, is_main=self.dist.is_main)
+        built = components.build(self.cfg, self._injected, resume_from=resume_from)
         self.tokenizer = built.tokenizer
         self.policy = built.policy.to(self.device)
         self.reference = built.reference.to(self.device) if built.reference is not None else None
@@ -323,9 +324,9 @@ class RLTrainer:
             if self.algo.use_kl_in_reward:
                 from searchr1.algorithms.advantages import scores_to_token_rewards
 
-                coef = float(self.algo_state.get("kl_coef", self.algo.kl_coef))
                 token_rewards = (
-                    scores_to_token_rewards(exp.scores, exp.train_mask) - coef * kl_mat * exp.train_mask
+                    scores_to_token_rewards(exp.scores, exp.train_mask)
+                    - self._kl_coef() * kl_mat * exp.train_mask
                 )
         adv_in = token_rewards if token_rewards is not None else exp.scores
         exp.advantages, exp.returns = compute_advantages(
@@ -449,15 +450,20 @@ class RLTrainer:
         self._last_trajs = trajs
         return metrics
 
+    def _kl_coef(self) -> float:
+        """The coefficient of the KL in the reward: ``algorithm.kl_coef``, as adapted so far."""
+        return float(self.algo_state.get("kl_coef", self.algo.kl_coef))
+
     def _after_update(self, step: int, metrics: dict[str, float]) -> None:
         """Adaptive KL coefficient and the EMA reference update."""
         if self.algo.use_kl_in_reward and self.algo.kl_ctrl == "adaptive" and "rollout/ref_kl" in metrics:
-            coef = float(self.algo_state.get("kl_coef", self.algo.kl_coef))
-            current = metrics["rollout/ref_kl"] * metrics.get("rollout/generated_tokens", 1.0)
-            error = max(min(current / self.algo.kl_target - 1.0, 0.2), -0.2)
-            n = metrics.get("rollout/trajectories", 1.0)
-            self.algo_state["kl_coef"] = coef * (1.0 + error * n / self.algo.kl_horizon)
-            metrics["actor/kl_coef"] = self.algo_state["kl_coef"]
+            # the coefficient lives in algo_state (checkpointed); the controller only updates it
+            ctrl = AdaptiveKLController(self._kl_coef(), self.algo.kl_target, self.algo.kl_horizon)
+            ctrl.update(
+                metrics["rollout/ref_kl"] * metrics.get("rollout/generated_tokens", 1.0),  # ~ KL per sequence
+                metrics.get("rollout/trajectories", 1.0),
+            )
+            self.algo_state["kl_coef"] = metrics["actor/kl_coef"] = ctrl.value
         if (
             self.reference is not None
             and self.algo.ref_policy == "ema"

@@ -81,6 +81,22 @@ def _autocast(device: torch.device, enabled: bool):
     return torch.autocast(device.type, enabled=False)
 
 
+@dataclass(frozen=True)
+class _Step:
+    """What every optimizer step of one update shares (``actor`` / ``critic`` None: not trained)."""
+
+    actor: torch.nn.Module | None
+    actor_optimizer: torch.optim.Optimizer | None
+    critic: torch.nn.Module | None
+    critic_optimizer: torch.optim.Optimizer | None
+    algo: AlgorithmConfig
+    settings: UpdateSettings
+    info: DistInfo
+    device: torch.device
+    bf16_autocast: bool
+    reference_logits_fn: Callable[[Experience], Any] | None
+
+
 def run_update(
     exp: Experience,
     *,
@@ -98,6 +114,18 @@ def run_update(
     """Optimise on the global batch ``exp`` (each rank trains on its share of every mini-batch).
 
     Returns (metrics, number of skipped optimizer steps)."""
+    step = _Step(
+        actor=actor if settings.update_actor else None,
+        actor_optimizer=actor_optimizer,
+        critic=critic if settings.update_critic else None,
+        critic_optimizer=critic_optimizer,
+        algo=algo,
+        settings=settings,
+        info=info,
+        device=device,
+        bf16_autocast=bf16_autocast,
+        reference_logits_fn=reference_logits_fn,
+    )
     sums = MetricSums()
     skipped = 0
     num_groups = len(dict.fromkeys(exp.group_ids))
@@ -108,149 +136,130 @@ def run_update(
         order = torch.randperm(num_groups, generator=gen).tolist()
         for rows in split_groups(exp.group_ids, settings.num_mini_batches, order):
             mini = exp.select(rank_share(rows, exp.group_ids, info.rank, info.world_size))
-            ok = _optimizer_step(
-                mini,
-                actor=actor if settings.update_actor else None,
-                actor_optimizer=actor_optimizer,
-                critic=critic if settings.update_critic else None,
-                critic_optimizer=critic_optimizer,
-                algo=algo,
-                settings=settings,
-                info=info,
-                device=device,
-                bf16_autocast=bf16_autocast,
-                sums=sums,
-                reference_logits_fn=reference_logits_fn,
-            )
-            skipped += 0 if ok else 1
+            skipped += 0 if _optimizer_step(mini, step, sums) else 1
     return sums.reduce(info, device), skipped
 
 
-def _optimizer_step(
-    mini: Experience,
-    *,
-    actor: torch.nn.Module | None,
-    actor_optimizer: torch.optim.Optimizer | None,
-    critic: torch.nn.Module | None,
-    critic_optimizer: torch.optim.Optimizer | None,
-    algo: AlgorithmConfig,
-    settings: UpdateSettings,
-    info: DistInfo,
-    device: torch.device,
-    bf16_autocast: bool,
-    sums: MetricSums,
-    reference_logits_fn: Callable[[Experience], Any] | None = None,
-) -> bool:
+def _optimizer_step(mini: Experience, s: _Step, sums: MetricSums) -> bool:
     """One mini-batch: accumulate gradients over micro-batches, clip, step. False if skipped."""
     mask = mini.train_mask
     local_tokens = float(mask.sum())
     local_seqs = float(mask.any(dim=-1).sum())
     resp_len = float((mini.seq_lens - mini.train_mask.int().argmax(dim=-1)).max()) if len(mini) else 1.0
-    tokens, seqs = all_reduce_sum([local_tokens, local_seqs], info, device)
-    norms = AggNorms(num_tokens=tokens, num_seqs=seqs, seq_len=float(algo.loss_agg_norm_len or resp_len))
-    world = float(info.world_size)
+    tokens, seqs = all_reduce_sum([local_tokens, local_seqs], s.info, s.device)
+    norms = AggNorms(num_tokens=tokens, num_seqs=seqs, seq_len=float(s.algo.loss_agg_norm_len or resp_len))
+    world = float(s.info.world_size)
     mbs = micro_batches(
-        list(range(len(mini))), mini.seq_lens, settings.micro_batch_size, settings.micro_batch_tokens
+        list(range(len(mini))), mini.seq_lens, s.settings.micro_batch_size, s.settings.micro_batch_tokens
     )
+    trained = [
+        (name, model, opt, loss_fn)
+        for name, model, opt, loss_fn in (
+            ("actor", s.actor, s.actor_optimizer, _actor_loss),
+            ("critic", s.critic, s.critic_optimizer, _critic_loss),
+        )
+        if model is not None
+    ]
+    optimizers = [opt for opt in (s.actor_optimizer, s.critic_optimizer) if opt is not None]
     nonfinite_loss = False
-    for opt in (actor_optimizer, critic_optimizer):
-        if opt is not None:
-            opt.zero_grad(set_to_none=True)
+    for opt in optimizers:
+        opt.zero_grad(set_to_none=True)
     for i, rows in enumerate(mbs):
-        mb = mini.select(rows).to(device)
+        mb = mini.select(rows).to(s.device)
         last = i == len(mbs) - 1
-        mb_tokens = float(mb.train_mask.sum())
-        if actor is not None:
-            with no_sync(actor, skip_sync=not last), _autocast(device, bf16_autocast):
-                vocab_kl = (
-                    algo.use_kl_loss and algo.kl_loss_type != "token" and reference_logits_fn is not None
-                )
-                if vocab_kl:
-                    logprobs, entropy, logits, valid = actor(
-                        mb.input_ids,
-                        mb.attention_mask,
-                        target_mask=mb.train_mask,
-                        temperature=settings.temperature,
-                        return_logits=True,
-                    )
-                else:
-                    logprobs, entropy = actor(
-                        mb.input_ids,
-                        mb.attention_mask,
-                        target_mask=mb.train_mask,
-                        temperature=settings.temperature,
-                        return_entropy=True,
-                    )
-                pg_loss, pg_metrics = compute_policy_loss(
-                    logprobs, mb.old_logprobs, mb.advantages, mb.train_mask, algo, norms=norms
-                )
-                loss = pg_loss
-                ent = agg_loss(entropy, mb.train_mask, algo.loss_agg, norms=norms)
-                if algo.entropy_coef:
-                    loss = loss - algo.entropy_coef * ent
-                if algo.use_kl_loss and algo.kl_coef > 0 and mb.ref_logprobs is not None:
-                    if vocab_kl:
-                        ref_logits = reference_logits_fn(mb)
-                        kl_mat = adapters.vocab_kl_matrix(
-                            algo,
-                            logprobs,
-                            mb.ref_logprobs,
-                            mb.old_logprobs,
-                            logits,
-                            ref_logits,
-                            mb.input_ids,
-                            valid,
-                        )
-                    else:
-                        kl_mat = adapters.token_kl(logprobs, mb.ref_logprobs, algo.kl_estimator)
-                    kl = agg_loss(kl_mat, mb.train_mask, algo.loss_agg, norms=norms)
-                    loss = loss + algo.kl_coef * kl
-                    sums.add_share("actor/kl_loss", kl)
+        for _, model, _, loss_fn in trained:
+            with no_sync(model, skip_sync=not last), _autocast(s.device, s.bf16_autocast):
+                loss = loss_fn(model, mb, s, norms, sums)
                 if not torch.isfinite(loss.detach()):
                     nonfinite_loss = True
                 (loss * world).backward()
-            sums.add_share("actor/pg_loss", pg_loss)
-            sums.add_share("actor/entropy", ent)
-            sums.add_share("actor/loss", loss)
-            for name, value in pg_metrics.items():
-                sums.add(f"actor/{name.removeprefix('pg_')}", value, mb_tokens)
-        if critic is not None:
-            with no_sync(critic, skip_sync=not last), _autocast(device, bf16_autocast):
-                values = critic(mb.input_ids, mb.attention_mask, target_mask=mb.train_mask)
-                vf_loss, vf_metrics = value_loss(
-                    values.float(), mb.values, mb.returns, mb.train_mask, config=algo, norms=norms
-                )
-                if not torch.isfinite(vf_loss.detach()):
-                    nonfinite_loss = True
-                (vf_loss * world).backward()
-            sums.add_share("critic/vf_loss", vf_loss)
-            for name, value in vf_metrics.items():
-                sums.add(f"critic/{name.removeprefix('vf_')}", value, mb_tokens)
     sums.steps += 1
     ok = True
-    (flag,) = all_reduce_sum([1.0 if nonfinite_loss else 0.0], info, device)
-    for name, model, opt in (("actor", actor, actor_optimizer), ("critic", critic, critic_optimizer)):
-        if model is None or opt is None:
-            continue
+    (flag,) = all_reduce_sum([1.0 if nonfinite_loss else 0.0], s.info, s.device)
+    stepped = [(name, model, opt) for name, model, opt, _ in trained if opt is not None]
+    for name, model, _ in stepped:
         params = [p for p in model.parameters() if p.requires_grad]
-        if settings.grad_clip > 0:
-            norm = torch.nn.utils.clip_grad_norm_(params, settings.grad_clip)
-        else:
-            norm = torch.nn.utils.clip_grad_norm_(params, float("inf"))
+        norm = torch.nn.utils.clip_grad_norm_(
+            params, s.settings.grad_clip if s.settings.grad_clip > 0 else math.inf
+        )
         norm_value = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         if flag > 0 or not math.isfinite(norm_value):
             ok = False
         else:
             sums.add(f"{name}/grad_norm", norm_value, 1.0)
     if ok:
-        for opt in (actor_optimizer, critic_optimizer):
-            if (
-                opt is not None
-                and (opt is not actor_optimizer or actor is not None)
-                and (opt is not critic_optimizer or critic is not None)
-            ):
-                opt.step()
-    for opt in (actor_optimizer, critic_optimizer):
-        if opt is not None:
-            opt.zero_grad(set_to_none=True)
+        for _, _, opt in stepped:
+            opt.step()
+    for opt in optimizers:
+        opt.zero_grad(set_to_none=True)
     return ok
+
+
+def _actor_loss(
+    actor: torch.nn.Module, mb: Experience, s: _Step, norms: AggNorms, sums: MetricSums
+) -> torch.Tensor:
+    """The policy loss of a micro-batch (policy gradient, entropy bonus, KL loss); records its metrics."""
+    algo = s.algo
+    vocab_kl = algo.use_kl_loss and algo.kl_loss_type != "token" and s.reference_logits_fn is not None
+    if vocab_kl:
+        logprobs, entropy, logits, valid = actor(
+            mb.input_ids,
+            mb.attention_mask,
+            target_mask=mb.train_mask,
+            temperature=s.settings.temperature,
+            return_logits=True,
+        )
+    else:
+        logprobs, entropy = actor(
+            mb.input_ids,
+            mb.attention_mask,
+            target_mask=mb.train_mask,
+            temperature=s.settings.temperature,
+            return_entropy=True,
+        )
+    pg_loss, pg_metrics = compute_policy_loss(
+        logprobs, mb.old_logprobs, mb.advantages, mb.train_mask, algo, norms=norms
+    )
+    loss = pg_loss
+    ent = agg_loss(entropy, mb.train_mask, algo.loss_agg, norms=norms)
+    if algo.entropy_coef:
+        loss = loss - algo.entropy_coef * ent
+    if algo.use_kl_loss and algo.kl_coef > 0 and mb.ref_logprobs is not None:
+        if vocab_kl:
+            kl_mat = adapters.vocab_kl_matrix(
+                algo,
+                logprobs,
+                mb.ref_logprobs,
+                mb.old_logprobs,
+                logits,
+                s.reference_logits_fn(mb),
+                mb.input_ids,
+                valid,
+            )
+        else:
+            kl_mat = adapters.token_kl(logprobs, mb.ref_logprobs, algo.kl_estimator)
+        kl = agg_loss(kl_mat, mb.train_mask, algo.loss_agg, norms=norms)
+        loss = loss + algo.kl_coef * kl
+        sums.add_share("actor/kl_loss", kl)
+    sums.add_share("actor/pg_loss", pg_loss)
+    sums.add_share("actor/entropy", ent)
+    sums.add_share("actor/loss", loss)
+    mb_tokens = float(mb.train_mask.sum())
+    for name, value in pg_metrics.items():
+        sums.add(f"actor/{name.removeprefix('pg_')}", value, mb_tokens)
+    return loss
+
+
+def _critic_loss(
+    critic: torch.nn.Module, mb: Experience, s: _Step, norms: AggNorms, sums: MetricSums
+) -> torch.Tensor:
+    """The clipped value loss of a micro-batch; records its metrics."""
+    values = critic(mb.input_ids, mb.attention_mask, target_mask=mb.train_mask)
+    vf_loss, vf_metrics = value_loss(
+        values.float(), mb.values, mb.returns, mb.train_mask, config=s.algo, norms=norms
+    )
+    sums.add_share("critic/vf_loss", vf_loss)
+    mb_tokens = float(mb.train_mask.sum())
+    for name, value in vf_metrics.items():
+        sums.add(f"critic/{name.removeprefix('vf_')}", value, mb_tokens)
+    return vf_loss

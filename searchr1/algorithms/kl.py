@@ -243,7 +243,7 @@ class FixedKLController:
     def __init__(self, kl_coef: float) -> None:
         self.value = kl_coef
 
-    def update(self, current_kl: float, n_steps: int) -> None:
+    def update(self, current_kl: float, n_steps: float) -> None:
         """No-op."""
 
 
@@ -259,7 +259,7 @@ class AdaptiveKLController:
         self.target = target
         self.horizon = horizon
 
-    def update(self, current_kl: float, n_steps: int) -> None:
+    def update(self, current_kl: float, n_steps: float) -> None:
         """Adapt after observing ``current_kl`` (mean per-sequence KL) on ``n_steps`` samples."""
         error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)
         self.value *= 1.0 + error * n_steps / self.horizon

@@ -218,7 +218,5 @@ class SearchR1Trainer:
 
         out = Path(folder)
         out.mkdir(parents=True, exist_ok=True)
-        save_policy(
-            self.trainer.policy, self.trainer.tokenizer, out, self.trainer.dist, lora=self.trainer.lora
-        )
+        save_policy(self.trainer.policy, self.trainer.tokenizer, out, lora=self.trainer.lora)
         return out / "model"

@@ -223,7 +223,6 @@ def save_policy(
     policy: torch.nn.Module,
     tokenizer: Any,
     folder: Path,
-    info: DistInfo,
     lora: bool = False,
     state_dict: dict[str, torch.Tensor] | None = None,
 ) -> None:

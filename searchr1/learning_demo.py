@@ -64,6 +64,9 @@ class DemoSettings:
     """Also run the search-disabled control."""
     overrides: list[str] = field(default_factory=list)
     """Extra dotted config overrides for the RL runs (``rollout.n=4`` ...)."""
+    model_cache: str | None = None
+    """Folder of starting models shared by runs, one sub-folder per settings key (``searchr1 demo``
+    uses ``runs/starting-models``); None: build it into ``<out>/starting-model``."""
 
     @classmethod
     def quick_settings(cls) -> DemoSettings:
@@ -246,6 +249,13 @@ def check_settings(out: Path, settings: DemoSettings) -> Path:
     return prompt_path
 
 
+def starting_model_dir(out: Path, settings: DemoSettings) -> Path:
+    """Where the starting model of these settings lives (see ``DemoSettings.model_cache``)."""
+    if settings.model_cache is None:
+        return out / "starting-model"
+    return Path(settings.model_cache) / settings.pretrain.key()
+
+
 def run_learning_demo(
     out_dir: str | Path, settings: DemoSettings | None = None, log: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
@@ -261,8 +271,9 @@ def run_learning_demo(
 
     from searchr1.pretrain import prepare_starting_model
 
-    log("starting model: pre-training a tiny LM on other worlds (cached under the run folder)")
-    model_dir = prepare_starting_model(out / "starting-model", settings.pretrain, log=lambda s: log("  " + s))
+    model_dir = starting_model_dir(out, settings)
+    log(f"starting model: {model_dir} (a tiny LM pre-trained on other worlds; built once, then reused)")
+    model_dir = prepare_starting_model(model_dir, settings.pretrain, log=lambda s: log("  " + s))
     manifest = json.loads((model_dir / "pretrain.json").read_text())
 
     per_seed: dict[str, Any] = {}
@@ -281,21 +292,24 @@ def run_learning_demo(
             )
         per_seed[str(seed)] = flat_row(row)
         per_seed[str(seed)]["runs"] = row
-        partial = _summary(per_seed, settings, manifest, t_start)
+        partial = _summary(per_seed, settings, manifest, model_dir, t_start)
         (out / SUMMARY_FILE).write_text(json.dumps(partial, indent=2) + "\n")  # after every seed
-    summary = _summary(per_seed, settings, manifest, t_start)
+    summary = _summary(per_seed, settings, manifest, model_dir, t_start)
     (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
 
 def _summary(
-    per_seed: dict[str, Any], settings: DemoSettings, manifest: dict[str, Any], t_start: float
+    per_seed: dict[str, Any], settings: DemoSettings, manifest: dict[str, Any], model_dir: Path, t_start: float
 ) -> dict:
     return {
         "seeds": per_seed,
         "mean": mean_row([v for v in per_seed.values()]),
         "settings": {**asdict(settings), "pretrain": asdict(settings.pretrain)},
-        "starting_model": {k: manifest[k] for k in ("what_it_saw", "parameters", "tokens_seen", "loss_last")},
+        "starting_model": {
+            **{k: manifest[k] for k in ("what_it_saw", "parameters", "tokens_seen", "loss_last", "seconds")},
+            "path": str(model_dir),
+        },
         "prompt": DEMO_INSTRUCTION,
         "seconds": time.perf_counter() - t_start,
     }
@@ -459,6 +473,12 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--steps", type=int, default=0, help="RL steps per run (default: the recipe's)")
     parser.add_argument("--no-control", action="store_true", help="skip the search-disabled control runs")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
+    parser.add_argument(
+        "--model-cache",
+        default=str(Path("runs") / "starting-models"),
+        help="folder of starting models shared by runs (default runs/starting-models); '' builds the "
+        "model into <out>/starting-model",
+    )
     parser.add_argument("overrides", nargs="*", help="extra dotted key=value overrides of the RL config")
 
 
@@ -473,6 +493,7 @@ def run_from_args(args: Any) -> int:
         steps=args.steps or settings.steps,
         no_search=not args.no_control,
         overrides=[*settings.overrides, *args.overrides],
+        model_cache=args.model_cache or None,
     )
     if args.seeds:
         settings = replace(settings, seeds=tuple(args.seeds))

@@ -37,9 +37,10 @@ def train_tokenizer(
 
     With ``tag_tokens`` every Search-R1 tag is one token: an ordinary (non-special) added token, never
     split, that survives ``decode(..., skip_special_tokens=True)``. Without it the tags are split
-    like any other text (``<``, ``search``, ``>``), as a real base model's tokenizer splits them, and
-    ``<`` / ``</`` are always tokens of their own (never `` <``): a tag then reads the same inside a
-    sentence and at the start of a line, so a model can copy it from an instruction.
+    like any other text (``<``, ``search``, ``>``), as a real base model's tokenizer splits them;
+    ``<``, ``</`` and every space are tokens of their own, so a word is the same tokens after a space,
+    after ``<`` and at the start of a line: ``search`` in ``put a search`` is the ``search`` of
+    ``<search>``, and a model can copy a tag or a name from an instruction token for token.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -52,7 +53,7 @@ def train_tokenizer(
         from tokenizers import Regex
 
         tok.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Split(Regex("</?"), behavior="isolated"), byte_level]
+            [pre_tokenizers.Split(Regex("</?| "), behavior="isolated"), byte_level]
         )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(

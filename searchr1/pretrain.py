@@ -4,25 +4,30 @@ A real base model (Qwen2.5-3B) arrives at Search-R1 training knowing its languag
 encyclopedia text, search-result pages and instructions, never the Search-R1 trajectories.
 This module builds the tiny CPU analogue, deterministically, from nothing downloaded:
 
-1. **Corpus** (``pretraining_corpus``): the passages of ``worlds`` synthetic worlds generated with
-   seeds that no demo world uses (``PRETRAIN_BASE_SEED + i``), so it learns how such passages are
-   written but none of the facts of the world it is later trained and tested on; the same
+1. **Corpus** (``pretraining_corpus``): the passages of ``worlds`` small synthetic worlds generated
+   with seeds that no demo world uses (``PRETRAIN_BASE_SEED + i``), so it learns how such passages
+   are written but none of the facts of the world it is later trained and tested on (many small
+   worlds: a name recurs only a few times, so it is predicted by copying, not from memory); the same
    passages as search-result pages (``Doc 1(Title: ...) ...``); lists of questions about those
    worlds, never answered; and marked-up pages (``markup_page``): a legend that declares 2-3
-   tags with invented names (``Put a name between <kel> and </kel>``), then lines each followed by
-   one declared tag around a name or value of that line. That is the generic markup skill of a
+   tags (``Put a name between <kel> and </kel>``), named after any word piece of the vocabulary
+   (``tag_vocabulary``) or invented, then lines each followed by one declared tag around a name or
+   value of that line. That is the generic markup skill of a
    base model: copy a tag from a legend, mark a name of the text above. The demo's own tags
    (``search``, ``information``, ``answer``, ``think``) never occur: they reach the model only
    through the instruction, as for a real base model. No question is ever followed by its answer
    (a page with a question has no other line about the asked entity), and no trajectory
    (search -> information -> answer) is ever shown.
 2. **Tokenizer**: byte-level BPE trained on that corpus (``searchr1.models.train_tokenizer`` with
-   ``tag_tokens=False``: tags are split like text, ``<`` and ``</`` always tokens of their own).
+   ``tag_tokens=False``: tags are split like text; ``<``, ``</`` and every space are tokens of their
+   own, so a word is the same tokens after a space, after ``<`` and at a line's start).
 3. **Model**: a Qwen2-style decoder (``searchr1.models.build_tiny_model``). A copy warm-up first
    (``copy_warmup_steps`` on random token strings written twice: in-context copying, the induction
    heads a base model has, which a 2-layer model otherwise needs far more text to form), then the
-   next-token loss on the corpus packed into ``seq_len`` windows, with a few copy rows in every
-   step (AdamW, warm-up + cosine decay).
+   next-token loss on the corpus in ``seq_len`` windows that start at a document's start, with a
+   few copy rows in every step (AdamW, warm-up + cosine decay). A tag's name where a legend declares
+   it is not a target (``tag_name_labels``): trained, it would teach the model which words are tag
+   names, and a word never used as one (``answer``) would never be copied from a legend.
 
 The result is an ordinary Hugging Face folder with a ``pretrain.json`` manifest (settings, corpus
 statistics, loss curve, the exact statement of what the model saw). ``prepare_starting_model``
@@ -35,6 +40,7 @@ import hashlib
 import json
 import math
 import random
+import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -71,9 +77,11 @@ COPY_WEIGHT = 0.3
 class PretrainSettings:
     """What the starting model is and what it reads (every field enters the cache key)."""
 
-    worlds: int = 4
-    """Differently seeded synthetic worlds whose passages form the corpus."""
-    num_entities: int = 300
+    worlds: int = 200
+    """Differently seeded synthetic worlds whose passages form the corpus (many small worlds: a
+    name is seen a few times only, so it is predicted by copying it from the context, not from
+    memory)."""
+    num_entities: int = 30
     """Entities per pre-training world."""
     filler_sentences: int = 0
     """Fact-free sentences per passage in the pre-training worlds."""
@@ -81,11 +89,11 @@ class PretrainSettings:
     """Also render the passages as search-result pages (``Doc i(Title: t) text`` lines)."""
     quiz_pages: bool = True
     """Also write lists of questions about the pre-training worlds' entities (never answered)."""
-    markup_pages: int = 12000
+    markup_pages: int = 30000
     """Marked-up pages: a legend declaring 2-3 tags with invented names, then lines of text each
     followed by a tag that marks a name or a value of that line (see ``markup_page``)."""
-    vocab_size: int = 1024
-    """BPE vocabulary (tags are split like any text: ``<``, ``name``, ``>``)."""
+    vocab_size: int = 2048
+    """BPE vocabulary (tags are split like any text: ``<``, ``name``, ``>``; spaces are tokens)."""
     hidden_size: int = 128
     """Width of the decoder."""
     num_layers: int = 2
@@ -105,7 +113,7 @@ class PretrainSettings:
     copy_rows: int = 24
     """Rows of random strings written twice added to every corpus step (keeps the copying); their
     loss enters with weight ``COPY_WEIGHT``."""
-    lr: float = 3e-3
+    lr: float = 2e-3
     """Peak learning rate (linear warm-up over 5% of the steps, cosine decay to 10%)."""
     seed: int = 0
     """Seed of the weights, the corpus order and the batches (not of the worlds' facts)."""
@@ -144,20 +152,47 @@ results, information, answer) are ordinary words of the language, never tag name
 _LINE_LABELS = ["Line", "Entry", "Record", "Note", "Item", "Text", "Source"]
 
 
-def tag_name(rng: random.Random) -> str:
-    """An invented lowercase tag name (1-3 syllables), never one of ``RESERVED_TAGS``: each page
-    draws its own, so a tag name is only known from the page's legend."""
+def tag_name(rng: random.Random, words: list[str]) -> tuple[str, bool]:
+    """A tag name for one page: two times in three a word of the corpus (as in ``<title>`` or
+    ``<date>``: after ``<`` any word may come, so a tag is known only by copying it from the page's
+    legend), else an invented lowercase word of 1-3 syllables; never one of ``RESERVED_TAGS``.
+    Returns the name and whether it is a corpus word."""
+    if words and rng.random() < 2 / 3:
+        return rng.choice(words), True
     onsets = ["b", "c", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "st"]
     while True:
         word = "".join(rng.choice(onsets) + rng.choice("aeiou") for _ in range(rng.randint(1, 3)))
         word += rng.choice(["", "", "l", "n", "r", "s", "m", "k"])
         if word not in RESERVED_TAGS:
-            return word
+            return word, False
 
 
-def _legend(tags: list[str], wrap: str | None, rng: random.Random) -> str:
+def tag_words(texts: list[str]) -> list[str]:
+    """The lowercase words (3+ letters) of ``texts`` that may name a tag: all but ``RESERVED_TAGS``."""
+    found = {w for t in texts for w in re.findall(r"\b[a-z]{3,}\b", t)}
+    return sorted(found - RESERVED_TAGS)
+
+
+def tag_vocabulary(tokenizer: Any) -> list[str]:
+    """Every token of ``tokenizer`` that is a lowercase word piece of 2+ letters, but for
+    ``RESERVED_TAGS``: the tag names of the marked-up pages the model is trained on. Drawn from the
+    whole vocabulary, a tag name cannot be told from its look (a short list of tag words would be
+    learnt by heart, and a tag outside it, like ``search``, never copied)."""
+    names = {tokenizer.decode([i]) for i in range(len(tokenizer))}
+    return sorted(n for n in names if re.fullmatch(r"[a-z]{2,}", n) and n not in RESERVED_TAGS)
+
+
+def _legend_noun(tag: str, is_word: bool, rng: random.Random) -> str:
+    """What the legend says a tag marks: half the time the tag's own word (``put a date between
+    <date>``), else a generic noun."""
+    if is_word and rng.random() < 0.5:
+        return ("an " if tag[0] in "aeiou" else "a ") + tag
+    return rng.choice(_LEGEND_NOUNS)
+
+
+def _legend(tags: list[str], wrap: str | None, is_word: dict[str, bool], rng: random.Random) -> str:
     """One line declaring the page's tags, in the style of an instruction."""
-    parts = [f"put {rng.choice(_LEGEND_NOUNS)} between <{t}> and </{t}>" for t in tags]
+    parts = [f"put {_legend_noun(t, is_word[t], rng)} between <{t}> and </{t}>" for t in tags]
     if wrap is not None:
         parts.insert(
             rng.randrange(len(parts) + 1), f"{rng.choice(_LEGEND_PLURALS)} come between <{wrap}> and </{wrap}>"
@@ -184,34 +219,41 @@ def mentions_in(line: str, names: list[str]) -> list[str]:
     return [n for _, n in sorted(found)]
 
 
-def markup_page(lines: list[str], names: list[str], rng: random.Random) -> str:
+def markup_page(lines: list[tuple[str, list[str]]], words: list[str], rng: random.Random) -> str:
     """A legend declaring 2-3 invented tags (one of them may wrap whole lines), then each line followed
-    by one declared tag around a name or value that occurs in that line::
+    by one declared tag around a name or value that occurs in that line (``lines`` pairs a line with
+    the names and values of its world; ``words`` are the words a tag may be named after)::
 
         Put a name between <kel> and </kel>; the notes come between <dor> and </dor>.
         <dor>Doc 1(Title: Grenon Foundry) Grenon Foundry is a foundry based in Zemoor.</dor>
         <kel> Zemoor </kel>
+
+    Pages vary in layout as real pages do: lines are separated by one line break or by a blank line,
+    and a wrapped line may keep its own line break before the closing tag.
     """
     count = rng.randint(2, 3)
     page_tags: list[str] = []
+    is_word: dict[str, bool] = {}
     while len(page_tags) < count:
-        tag = tag_name(rng)
+        tag, is_word[tag] = tag_name(rng, words)
         if tag not in page_tags:
             page_tags.append(tag)
     wrap = page_tags.pop() if len(page_tags) == 3 or rng.random() < 0.5 else None
-    out = [_legend(page_tags, wrap, rng)]
-    for line in lines:
+    gap = rng.choice(["\n", "\n\n"])
+    inner_break = rng.random() < 0.5
+    out = [_legend(page_tags, wrap, is_word, rng)]
+    for line, names in lines:
         found = mentions_in(line, names)
         if not found:
             continue
         if rng.random() < 0.3:
             line = f"{rng.choice(_LINE_LABELS)}: {line}"
         if wrap is not None and rng.random() < 0.6:
-            line = f"<{wrap}>{line}</{wrap}>"
+            line = f"<{wrap}>{line}{chr(10) if inner_break else ''}</{wrap}>"
         tag = rng.choice(page_tags)
         out.append(line)
         out.append(f"<{tag}> {rng.choice(found)} </{tag}>")
-    return "\n".join(out)
+    return gap.join(out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -226,8 +268,13 @@ def _world_names(world: Any) -> list[str]:
     return sorted(values, key=lambda v: (-len(v), v))
 
 
-def pretraining_corpus(settings: PretrainSettings) -> list[str]:
-    """The documents of the pre-training corpus (see the module docstring), in a seeded order."""
+def pretraining_corpus(settings: PretrainSettings, tag_names: list[str] | None = None) -> list[str]:
+    """The documents of the pre-training corpus (see the module docstring), in a seeded order.
+
+    ``tag_names`` are the words the marked-up pages may name a tag after (default: the lowercase
+    words of the corpus); ``pretrain`` passes every all-letter token of its tokenizer
+    (``tag_vocabulary``), so that any word may follow ``<`` and a tag is known only by copying it.
+    """
     from searchr1.data.synth import SynthConfig, generate_world
 
     rng = random.Random(settings.seed)
@@ -265,13 +312,14 @@ def pretraining_corpus(settings: PretrainSettings) -> list[str]:
                 docs.append("Questions:\n" + "\n".join(questions[start : start + 8]))
             lines.extend((f"Question: {q}", names) for q in questions)
             asked.update({f"Question: {q['question']}": q["metadata"]["hops"][0] for q in world.splits["train"]})
+    words = tag_names if tag_names is not None else tag_words([x for x, _ in lines])
     for _ in range(settings.markup_pages):
         picks = [rng.choice(lines) for _ in range(rng.randint(1, 4))]
         # a page with a question has no other line about the entity it asks about (and so never
         # its answer): a question is never followed by its answer
         about = {asked[x] for x, _ in picks if x in asked}
         picks = [(x, n) for x, n in picks if x in asked or not any(e in x for e in about)] or picks[:1]
-        docs.append(markup_page([x for x, _ in picks], picks[0][1], rng))
+        docs.append(markup_page(picks, words, rng))
     # no document ends with a line break, so "\n" is never followed by the end-of-text token: a
     # prompt ending in "\n" does not read as a finished document
     docs = [d.rstrip("\n") for d in docs]
@@ -289,7 +337,8 @@ def describe_corpus(settings: PretrainSettings) -> str:
             f"{settings.copy_rows} such rows in every later step with weight {COPY_WEIGHT}"
         )
     parts.append(
-        f"the passages of {settings.worlds} synthetic worlds generated with seeds "
+        f"the passages of {settings.worlds} small synthetic worlds ({settings.num_entities} entities each) "
+        "generated with seeds "
         f"{PRETRAIN_BASE_SEED}..{PRETRAIN_BASE_SEED + settings.worlds - 1} (never a demo world's seed: "
         "other invented people, cities, organisations and works; no fact of the demo world), 30% of them "
         "ending in one everyday sentence that uses the words search, results, information or answer"
@@ -301,11 +350,14 @@ def describe_corpus(settings: PretrainSettings) -> str:
     if settings.markup_pages:
         lines = "passages, result pages and questions" if settings.quiz_pages else "passages and result pages"
         parts.append(
-            f"{settings.markup_pages} marked-up pages: a legend line declaring 2-3 tags with invented "
-            f"names ('Put a name between <kel> and </kel>'), then 1-4 lines drawn from those {lines}, "
-            "each followed by one declared tag around a name or value that occurs in that line; one tag "
-            "may wrap whole lines; a page with a question has no other line about the asked entity. "
-            "The demo's tags (search, information, answer, think) never occur"
+            f"{settings.markup_pages} marked-up pages: a legend line declaring 2-3 tags ('Put a name "
+            "between <kel> and </kel>'), named two times in three after a word piece of the tokenizer's "
+            f"vocabulary, else an invented word; then 1-4 lines drawn from those {lines}, each followed "
+            "by one declared tag around a name or value that occurs in that line; one tag may wrap whole "
+            "lines; lines are separated by a line break or a blank line; a page with a question has no "
+            "other line about the asked entity. The demo's tags (search, information, answer, think) "
+            "never occur. Training windows start at a document's start, and a tag's name where the "
+            "legend declares it is not a training target (only its later uses are)"
         )
     return (
         "Self-supervised next-token prediction on "
@@ -327,6 +379,16 @@ def _token_stream(docs: list[str], tokenizer: Any) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.long)
 
 
+def window_starts(stream: torch.Tensor, eos: int, seq_len: int) -> torch.Tensor:
+    """Where training windows of ``seq_len + 1`` tokens may start: at a document's first token, so a
+    marked-up page is always read from its legend on (a window cut into a page would teach the
+    model to write tags that no legend declared)."""
+    import torch
+
+    starts = torch.cat([torch.zeros(1, dtype=torch.long), (stream == eos).nonzero().flatten() + 1])
+    return starts[starts + seq_len + 1 <= len(stream)]
+
+
 def _lr_at(step: int, total: int, peak: float) -> float:
     warm = max(1, total // 20)
     if step < warm:
@@ -344,12 +406,44 @@ def copy_batch(rows: int, run: int, ids: torch.Tensor, eos: int, gen: torch.Gene
     return torch.cat([x, x, torch.full((rows, 1), eos)], dim=1)
 
 
-def _next_token_loss(model: Any, batch: torch.Tensor) -> torch.Tensor:
+def _next_token_loss(model: Any, batch: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean next-token cross-entropy of ``batch``; ``labels`` (same shape, -100 = not trained)
+    replace the batch's own tokens as targets."""
     import torch
 
     logits = model(input_ids=batch[:, :-1]).logits
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+    targets = (batch if labels is None else labels)[:, 1:]
+    return torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE
+    )
 
+
+IGNORE = -100
+
+
+def tag_name_labels(stream: torch.Tensor, tokenizer: Any) -> torch.Tensor:
+    """The stream's tokens as training targets, except where a tag's name is new: the token right
+    after ``<`` when no earlier ``<`` of the same document was followed by it (a legend declaring a
+    tag). That token is never a target.
+
+    No text can predict a name that is being declared, so all that position could teach is a prior
+    over tag names: the names the corpus uses pushed up, and a word never used as a tag (the demo's
+    ``search`` and ``answer``) pushed down at every legend, until no legend could make the model copy
+    it. Every later use of a tag (``<kel>`` after the legend, every ``</kel>``) is a target: that is
+    where copying a tag from the legend is learnt.
+    """
+    open_id, eos = tokenizer.convert_tokens_to_ids("<"), tokenizer.eos_token_id
+    labels = stream.clone()
+    ids = stream.tolist()
+    seen: set[int] = set()
+    marks = ((stream == open_id) | (stream == eos)).nonzero().flatten().tolist()
+    for i in marks:
+        if ids[i] == eos:
+            seen = set()
+        elif i + 1 < len(ids) and ids[i + 1] not in seen:
+            seen.add(ids[i + 1])
+            labels[i + 1] = IGNORE
+    return labels
 
 def pretrain(
     out_dir: str | Path, settings: PretrainSettings, log: Callable[[str], None] | None = None
@@ -361,9 +455,10 @@ def pretrain(
 
     out = Path(out_dir)
     t0 = time.perf_counter()
-    docs = pretraining_corpus(settings)
-    tokenizer = train_tokenizer(docs, vocab_size=settings.vocab_size, tag_tokens=False)
+    tokenizer = train_tokenizer(pretraining_corpus(settings), vocab_size=settings.vocab_size, tag_tokens=False)
+    docs = pretraining_corpus(settings, tag_names=tag_vocabulary(tokenizer))
     stream = _token_stream(docs, tokenizer)
+    labels = tag_name_labels(stream, tokenizer)
     model = build_tiny_model(
         tokenizer,
         seed=settings.seed,
@@ -376,12 +471,12 @@ def pretrain(
     )
     gen = torch.Generator().manual_seed(settings.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=0.01, betas=(0.9, 0.98))
-    n_windows = len(stream) - settings.seq_len - 1
+    eos = tokenizer.eos_token_id
+    doc_starts = window_starts(stream, eos, settings.seq_len)
     losses: list[float] = []  # next-token loss on the corpus
     copy_losses: list[float] = []  # during the copy warm-up
     model.train()
     total = settings.copy_warmup_steps + settings.steps
-    eos = tokenizer.eos_token_id
     vocab_ids = torch.unique(stream[stream != eos])
     warmup_rows = settings.batch_size * settings.seq_len // (2 * COPY_RUN + 1)  # same tokens as a corpus step
     for step in range(total):
@@ -392,9 +487,10 @@ def pretrain(
             copy_losses.append(float(loss.detach()))
             lm_loss = None
         else:
-            starts = torch.randint(0, n_windows, (settings.batch_size,), generator=gen)
-            batch = torch.stack([stream[s : s + settings.seq_len + 1] for s in starts.tolist()])
-            loss = lm_loss = _next_token_loss(model, batch)
+            starts = doc_starts[torch.randint(0, len(doc_starts), (settings.batch_size,), generator=gen)]
+            rows = [slice(s, s + settings.seq_len + 1) for s in starts.tolist()]
+            batch = torch.stack([stream[r] for r in rows])
+            loss = lm_loss = _next_token_loss(model, batch, torch.stack([labels[r] for r in rows]))
             if settings.copy_rows:
                 copies = copy_batch(settings.copy_rows, COPY_RUN, vocab_ids, eos, gen)
                 loss = loss + COPY_WEIGHT * _next_token_loss(model, copies)

@@ -75,3 +75,16 @@ def test_searchr1_demo_runs_the_learning_demo(tmp_path, capsys):
     assert main(["demo", "--quick", "--out", str(tmp_path), "--algorithm", "nope"]) == 2
     assert "--algorithm" in capsys.readouterr().err
     assert (tmp_path / "prompt.txt").is_file() and not (tmp_path / "starting-model").exists()
+
+
+def test_the_starting_model_is_shared_through_the_cache_folder(tmp_path):
+    from searchr1.learning_demo import starting_model_dir
+
+    own = DemoSettings(pretrain=TINY_PRETRAIN)
+    assert starting_model_dir(tmp_path / "run", own) == tmp_path / "run" / "starting-model"
+    shared = DemoSettings(pretrain=TINY_PRETRAIN, model_cache=str(tmp_path / "cache"))
+    a = starting_model_dir(tmp_path / "run1", shared)
+    assert a == starting_model_dir(tmp_path / "run2", shared) == tmp_path / "cache" / TINY_PRETRAIN.key()
+    other = DemoSettings(pretrain=TINY_PRETRAIN.__class__(**{**TINY_PRETRAIN.__dict__, "seed": 5}),
+                         model_cache=str(tmp_path / "cache"))  # fmt: skip
+    assert starting_model_dir(tmp_path / "run1", other) != a

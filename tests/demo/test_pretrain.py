@@ -18,6 +18,8 @@ from searchr1.pretrain import (
     describe_corpus,
     prepare_starting_model,
     pretraining_corpus,
+    tag_vocabulary,
+    window_starts,
 )
 
 SMALL = dict(worlds=1, num_entities=60, markup_pages=400)
@@ -38,13 +40,18 @@ def _question_of(line: str) -> str:
     return line.rsplit(": ", 1)[-1]
 
 
+def _text_lines(doc: str) -> list[str]:
+    """A page's lines of text: without blank lines and a wrapped line's own closing tag."""
+    return [x for x in doc.split("\n") if x and not re.fullmatch(r"</[a-z]+>", x)]
+
+
 def test_the_demo_tags_never_occur_and_no_question_meets_its_answer():
     docs = pretraining_corpus(PretrainSettings(**SMALL))
     assert not any(tag in doc for doc in docs for tag in TAGS)
     asked = _pretraining_questions()
     pages_with_questions = 0
     for doc in docs:
-        lines = doc.split("\n")
+        lines = _text_lines(doc)
         questions = [_question_of(line) for line in lines]
         for question in questions:
             if question not in asked:
@@ -60,15 +67,18 @@ def test_the_demo_tags_never_occur_and_no_question_meets_its_answer():
     assert pages_with_questions > 20
 
 
-def test_markup_tags_are_declared_invented_and_mark_a_name_of_the_line_above():
+def test_markup_tags_are_declared_never_reserved_and_mark_a_name_of_the_line_above():
     docs = [d for d in pretraining_corpus(PretrainSettings(**SMALL)) if " between <" in d.split("\n")[0]]
     assert len(docs) == SMALL["markup_pages"]
     tag_lines = 0
+    layouts = set()
     for doc in docs:
         legend, *lines = doc.split("\n")
         declared = set(re.findall(r"<([a-z]+)>", legend))
         assert 2 <= len(declared) <= 3 and not declared & RESERVED_TAGS
-        for above, line in itertools.pairwise(lines):
+        text = _text_lines("\n".join(lines))
+        layouts.add(("\n\n" in doc, any(re.fullmatch(r"</[a-z]+>", x) for x in lines)))
+        for above, line in itertools.pairwise(text):
             m = _TAG_LINE.match(line)
             if m is None:
                 continue
@@ -76,6 +86,27 @@ def test_markup_tags_are_declared_invented_and_mark_a_name_of_the_line_above():
             assert m.group(1) == m.group(3) and m.group(1) in declared
             assert m.group(2) in above
     assert tag_lines >= len(docs)
+    assert layouts == {(False, False), (False, True), (True, False), (True, True)}
+
+
+def test_tag_names_come_from_the_whole_vocabulary_never_a_reserved_tag():
+    from searchr1.models import train_tokenizer
+
+    texts = ["the search for an answer gave information about Borvik and Zemoor"] * 40
+    names = tag_vocabulary(train_tokenizer(texts, vocab_size=300, tag_tokens=False))
+    assert "about" in names and "gave" in names
+    assert not set(names) & RESERVED_TAGS and all(re.fullmatch(r"[a-z]{2,}", n) for n in names)
+    docs = pretraining_corpus(PretrainSettings(**SMALL), tag_names=["zzword"])
+    legends = [d.split("\n")[0] for d in docs if " between <" in d.split("\n")[0]]
+    assert sum("<zzword>" in x for x in legends) > len(legends) / 2  # two tags in three are words
+
+
+def test_training_windows_start_at_a_document():
+    stream = torch.tensor([5, 6, 0, 7, 8, 9, 0, 4, 0, 3, 3, 3, 3])
+    starts = window_starts(stream, eos=0, seq_len=3)
+    assert starts.tolist() == [0, 3, 7, 9]
+    assert all(s == 0 or stream[s - 1] == 0 for s in starts.tolist())
+    assert all(s + 4 <= len(stream) for s in starts.tolist())
 
 
 def test_corpus_is_from_other_worlds_than_the_demo():
@@ -116,4 +147,23 @@ def test_tags_are_split_and_read_the_same_inside_a_line_and_at_its_start(tmp_pat
     inline = pieces("Put a name between <kel> and </kel>.")
     start = pieces("<kel> Borvik </kel>")
     assert "<" in inline and "</" in inline and start[0] == "<" and "</" in start
+    # a word is the same tokens after a space, after "<" and at a line's start
+    word = pieces("kel")
+    assert inline[inline.index("<") + 1 : inline.index("<") + 1 + len(word)] == word == start[1 : 1 + len(word)]
+    assert " " in inline
     assert tok.decode(tok("a <kel> b </kel>\n", add_special_tokens=False)["input_ids"]) == "a <kel> b </kel>\n"
+
+
+def test_a_tag_name_is_no_target_where_it_is_declared_only_where_it_is_used(tmp_path):
+    from searchr1.models import load_tokenizer
+    from searchr1.pretrain import IGNORE, tag_name_labels
+
+    tok = load_tokenizer(prepare_starting_model(tmp_path / "m", PretrainSettings(**TINY)))
+    page = "Put a name between <kel> and </kel>.\n<kel> Borvik </kel>"
+    ids = tok(page + tok.eos_token + page, add_special_tokens=False)["input_ids"]
+    labels = tag_name_labels(torch.tensor(ids), tok).tolist()
+    lt = tok.convert_tokens_to_ids("<")
+    after_open = [i + 1 for i, t in enumerate(ids) if t == lt]
+    # each document: the legend's <kel> is not trained, the tag line's <kel> is
+    assert [labels[i] == IGNORE for i in after_open] == [True, False, True, False]
+    assert sum(x == IGNORE for x in labels) == 2 and all(x == t for x, t in zip(labels, ids) if x != IGNORE)

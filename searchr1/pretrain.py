@@ -25,9 +25,7 @@ This module builds the tiny CPU analogue, deterministically, from nothing downlo
    (``copy_warmup_steps`` on random token strings written twice: in-context copying, the induction
    heads a base model has, which a 2-layer model otherwise needs far more text to form), then the
    next-token loss on the corpus in ``seq_len`` windows that start at a document's start, with a
-   few copy rows in every step (AdamW, warm-up + cosine decay). A tag's name where a legend declares
-   it is not a target (``tag_name_labels``): trained, it would teach the model which words are tag
-   names, and a word never used as one (``answer``) would never be copied from a legend.
+   few copy rows in every step (AdamW, warm-up + cosine decay).
 
 The result is an ordinary Hugging Face folder with a ``pretrain.json`` manifest (settings, corpus
 statistics, loss curve, the exact statement of what the model saw). ``prepare_starting_model``
@@ -356,8 +354,7 @@ def describe_corpus(settings: PretrainSettings) -> str:
             "by one declared tag around a name or value that occurs in that line; one tag may wrap whole "
             "lines; lines are separated by a line break or a blank line; a page with a question has no "
             "other line about the asked entity. The demo's tags (search, information, answer, think) "
-            "never occur. Training windows start at a document's start, and a tag's name where the "
-            "legend declares it is not a training target (only its later uses are)"
+            "never occur. Training windows start at a document's start"
         )
     return (
         "Self-supervised next-token prediction on "
@@ -406,44 +403,12 @@ def copy_batch(rows: int, run: int, ids: torch.Tensor, eos: int, gen: torch.Gene
     return torch.cat([x, x, torch.full((rows, 1), eos)], dim=1)
 
 
-def _next_token_loss(model: Any, batch: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
-    """Mean next-token cross-entropy of ``batch``; ``labels`` (same shape, -100 = not trained)
-    replace the batch's own tokens as targets."""
+def _next_token_loss(model: Any, batch: torch.Tensor) -> torch.Tensor:
     import torch
 
     logits = model(input_ids=batch[:, :-1]).logits
-    targets = (batch if labels is None else labels)[:, 1:]
-    return torch.nn.functional.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE
-    )
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
 
-
-IGNORE = -100
-
-
-def tag_name_labels(stream: torch.Tensor, tokenizer: Any) -> torch.Tensor:
-    """The stream's tokens as training targets, except where a tag's name is new: the token right
-    after ``<`` when no earlier ``<`` of the same document was followed by it (a legend declaring a
-    tag). That token is never a target.
-
-    No text can predict a name that is being declared, so all that position could teach is a prior
-    over tag names: the names the corpus uses pushed up, and a word never used as a tag (the demo's
-    ``search`` and ``answer``) pushed down at every legend, until no legend could make the model copy
-    it. Every later use of a tag (``<kel>`` after the legend, every ``</kel>``) is a target: that is
-    where copying a tag from the legend is learnt.
-    """
-    open_id, eos = tokenizer.convert_tokens_to_ids("<"), tokenizer.eos_token_id
-    labels = stream.clone()
-    ids = stream.tolist()
-    seen: set[int] = set()
-    marks = ((stream == open_id) | (stream == eos)).nonzero().flatten().tolist()
-    for i in marks:
-        if ids[i] == eos:
-            seen = set()
-        elif i + 1 < len(ids) and ids[i + 1] not in seen:
-            seen.add(ids[i + 1])
-            labels[i + 1] = IGNORE
-    return labels
 
 def pretrain(
     out_dir: str | Path, settings: PretrainSettings, log: Callable[[str], None] | None = None
@@ -458,7 +423,6 @@ def pretrain(
     tokenizer = train_tokenizer(pretraining_corpus(settings), vocab_size=settings.vocab_size, tag_tokens=False)
     docs = pretraining_corpus(settings, tag_names=tag_vocabulary(tokenizer))
     stream = _token_stream(docs, tokenizer)
-    labels = tag_name_labels(stream, tokenizer)
     model = build_tiny_model(
         tokenizer,
         seed=settings.seed,
@@ -490,7 +454,7 @@ def pretrain(
             starts = doc_starts[torch.randint(0, len(doc_starts), (settings.batch_size,), generator=gen)]
             rows = [slice(s, s + settings.seq_len + 1) for s in starts.tolist()]
             batch = torch.stack([stream[r] for r in rows])
-            loss = lm_loss = _next_token_loss(model, batch, torch.stack([labels[r] for r in rows]))
+            loss = lm_loss = _next_token_loss(model, batch)
             if settings.copy_rows:
                 copies = copy_batch(settings.copy_rows, COPY_RUN, vocab_ids, eos, gen)
                 loss = loss + COPY_WEIGHT * _next_token_loss(model, copies)

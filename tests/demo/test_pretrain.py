@@ -153,17 +153,3 @@ def test_tags_are_split_and_read_the_same_inside_a_line_and_at_its_start(tmp_pat
     assert " " in inline
     assert tok.decode(tok("a <kel> b </kel>\n", add_special_tokens=False)["input_ids"]) == "a <kel> b </kel>\n"
 
-
-def test_a_tag_name_is_no_target_where_it_is_declared_only_where_it_is_used(tmp_path):
-    from searchr1.models import load_tokenizer
-    from searchr1.pretrain import IGNORE, tag_name_labels
-
-    tok = load_tokenizer(prepare_starting_model(tmp_path / "m", PretrainSettings(**TINY)))
-    page = "Put a name between <kel> and </kel>.\n<kel> Borvik </kel>"
-    ids = tok(page + tok.eos_token + page, add_special_tokens=False)["input_ids"]
-    labels = tag_name_labels(torch.tensor(ids), tok).tolist()
-    lt = tok.convert_tokens_to_ids("<")
-    after_open = [i + 1 for i, t in enumerate(ids) if t == lt]
-    # each document: the legend's <kel> is not trained, the tag line's <kel> is
-    assert [labels[i] == IGNORE for i in after_open] == [True, False, True, False]
-    assert sum(x == IGNORE for x in labels) == 2 and all(x == t for x, t in zip(labels, ids) if x != IGNORE)

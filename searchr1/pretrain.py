@@ -88,8 +88,8 @@ class PretrainSettings:
     quiz_pages: bool = True
     """Also write lists of questions about the pre-training worlds' entities (never answered)."""
     markup_pages: int = 30000
-    """Marked-up pages: a legend declaring 2-3 tags with invented names, then lines of text each
-    followed by a tag that marks a name or a value of that line (see ``markup_page``)."""
+    """Marked-up pages: a legend declaring 2-3 tags, then lines of text each followed by a tag that
+    marks a name or a value of that line (see ``markup_page``)."""
     vocab_size: int = 2048
     """BPE vocabulary (tags are split like any text: ``<``, ``name``, ``>``; spaces are tokens)."""
     hidden_size: int = 128
@@ -151,10 +151,10 @@ _LINE_LABELS = ["Line", "Entry", "Record", "Note", "Item", "Text", "Source"]
 
 
 def tag_name(rng: random.Random, words: list[str]) -> tuple[str, bool]:
-    """A tag name for one page: two times in three a word of the corpus (as in ``<title>`` or
-    ``<date>``: after ``<`` any word may come, so a tag is known only by copying it from the page's
-    legend), else an invented lowercase word of 1-3 syllables; never one of ``RESERVED_TAGS``.
-    Returns the name and whether it is a corpus word."""
+    """A tag name for one page: two times in three one of ``words`` (as in ``<title>`` or ``<date>``:
+    after ``<`` any word may come, so a tag is known only by copying it from the page's legend),
+    else an invented lowercase word of 1-3 syllables; never one of ``RESERVED_TAGS``. Returns the
+    name and whether it was drawn from ``words``."""
     if words and rng.random() < 2 / 3:
         return rng.choice(words), True
     onsets = ["b", "c", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "st"]
@@ -218,7 +218,7 @@ def mentions_in(line: str, names: list[str]) -> list[str]:
 
 
 def markup_page(lines: list[tuple[str, list[str]]], words: list[str], rng: random.Random) -> str:
-    """A legend declaring 2-3 invented tags (one of them may wrap whole lines), then each line followed
+    """A legend declaring 2-3 tags (one of them may wrap whole lines), then each line followed
     by one declared tag around a name or value that occurs in that line (``lines`` pairs a line with
     the names and values of its world; ``words`` are the words a tag may be named after)::
 
@@ -452,8 +452,7 @@ def pretrain(
             lm_loss = None
         else:
             starts = doc_starts[torch.randint(0, len(doc_starts), (settings.batch_size,), generator=gen)]
-            rows = [slice(s, s + settings.seq_len + 1) for s in starts.tolist()]
-            batch = torch.stack([stream[r] for r in rows])
+            batch = torch.stack([stream[s : s + settings.seq_len + 1] for s in starts.tolist()])
             loss = lm_loss = _next_token_loss(model, batch)
             if settings.copy_rows:
                 copies = copy_batch(settings.copy_rows, COPY_RUN, vocab_ids, eos, gen)

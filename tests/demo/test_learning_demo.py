@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from tiny_pretrain import TINY_PRETRAIN
@@ -85,6 +86,5 @@ def test_the_starting_model_is_shared_through_the_cache_folder(tmp_path):
     shared = DemoSettings(pretrain=TINY_PRETRAIN, model_cache=str(tmp_path / "cache"))
     a = starting_model_dir(tmp_path / "run1", shared)
     assert a == starting_model_dir(tmp_path / "run2", shared) == tmp_path / "cache" / TINY_PRETRAIN.key()
-    other = DemoSettings(pretrain=TINY_PRETRAIN.__class__(**{**TINY_PRETRAIN.__dict__, "seed": 5}),
-                         model_cache=str(tmp_path / "cache"))  # fmt: skip
+    other = replace(shared, pretrain=replace(TINY_PRETRAIN, seed=5))
     assert starting_model_dir(tmp_path / "run1", other) != a

@@ -11,8 +11,8 @@ This module builds the tiny CPU analogue, deterministically, from nothing downlo
    passages as search-result pages (``Doc 1(Title: ...) ...``); lists of questions about those
    worlds, never answered; and marked-up pages (``markup_page``): a legend that declares 2-3
    tags (``Put a name between <kel> and </kel>``), named after any word piece of the vocabulary
-   (``tag_vocabulary``) or invented, then lines each followed by one declared tag around a name or
-   value of that line. That is the generic markup skill of a
+   (``tag_vocabulary``) or invented, then lines each followed by a declared tag around a name or
+   value of that line, the marking tags taking turns. That is the generic markup skill of a
    base model: copy a tag from a legend, mark a name of the text above. The demo's own tags
    (``search``, ``information``, ``answer``, ``think``) never occur: they reach the model only
    through the instruction, as for a real base model. No question is ever followed by its answer
@@ -25,7 +25,9 @@ This module builds the tiny CPU analogue, deterministically, from nothing downlo
    (``copy_warmup_steps`` on random token strings written twice: in-context copying, the induction
    heads a base model has, which a 2-layer model otherwise needs far more text to form), then the
    next-token loss on the corpus in ``seq_len`` windows that start at a document's start, with a
-   few copy rows in every step (AdamW, warm-up + cosine decay).
+   few copy rows in every step (AdamW, warm-up + cosine decay). Where the target is a tag name, the
+   output embeddings are detached (``detach_tag_names``): the model learns to copy a tag name from
+   the legend, not a list of which words are tag names.
 
 The result is an ordinary Hugging Face folder with a ``pretrain.json`` manifest (settings, corpus
 statistics, loss curve, the exact statement of what the model saw). ``prepare_starting_model``
@@ -51,8 +53,8 @@ if TYPE_CHECKING:
     import torch
 
 DEMO_INSTRUCTION = (
-    "Put a search between <search> and </search>; the results come between <information> and "
-    "</information>; put the answer between <answer> and </answer>.\nQuestion: {question}\n"
+    "Put the answer between <answer> and </answer>; put a search between <search> and </search>; "
+    "the results come between <information> and </information>.\nQuestion: {question}\n"
 )
 """The learning demo's prompt: Search-R1's instruction cut down to one line that declares the tags,
 worded like the legends of the pre-training pages (a 2-layer model has no use for the rest);
@@ -111,6 +113,9 @@ class PretrainSettings:
     copy_rows: int = 24
     """Rows of random strings written twice added to every corpus step (keeps the copying); their
     loss enters with weight ``COPY_WEIGHT``."""
+    detach_tag_names: bool = True
+    """Where the next token is a tag name (after ``<`` or ``</``), train the copying but not the
+    output embeddings, so that no token is learnt to be, or not to be, a tag name."""
     lr: float = 2e-3
     """Peak learning rate (linear warm-up over 5% of the steps, cosine decay to 10%)."""
     seed: int = 0
@@ -219,8 +224,9 @@ def mentions_in(line: str, names: list[str]) -> list[str]:
 
 def markup_page(lines: list[tuple[str, list[str]]], words: list[str], rng: random.Random) -> str:
     """A legend declaring 2-3 tags (one of them may wrap whole lines), then each line followed
-    by one declared tag around a name or value that occurs in that line (``lines`` pairs a line with
-    the names and values of its world; ``words`` are the words a tag may be named after)::
+    by a declared tag around a name or value that occurs in that line; the marking tags take turns
+    in the legend's order, from a random one on (``lines`` pairs a line with the names and values of
+    its world; ``words`` are the words a tag may be named after)::
 
         Put a name between <kel> and </kel>; the notes come between <dor> and </dor>.
         <dor>Doc 1(Title: Grenon Foundry) Grenon Foundry is a foundry based in Zemoor.</dor>
@@ -239,6 +245,7 @@ def markup_page(lines: list[tuple[str, list[str]]], words: list[str], rng: rando
     wrap = page_tags.pop() if len(page_tags) == 3 or rng.random() < 0.5 else None
     gap = rng.choice(["\n", "\n\n"])
     inner_break = rng.random() < 0.5
+    turn = rng.randrange(len(page_tags))  # the marking tags take turns, from a random one on
     out = [_legend(page_tags, wrap, is_word, rng)]
     for line, names in lines:
         found = mentions_in(line, names)
@@ -248,7 +255,8 @@ def markup_page(lines: list[tuple[str, list[str]]], words: list[str], rng: rando
             line = f"{rng.choice(_LINE_LABELS)}: {line}"
         if wrap is not None and rng.random() < 0.6:
             line = f"<{wrap}>{line}{chr(10) if inner_break else ''}</{wrap}>"
-        tag = rng.choice(page_tags)
+        tag = page_tags[turn % len(page_tags)]
+        turn += 1
         out.append(line)
         out.append(f"<{tag}> {rng.choice(found)} </{tag}>")
     return gap.join(out)
@@ -351,11 +359,17 @@ def describe_corpus(settings: PretrainSettings) -> str:
             f"{settings.markup_pages} marked-up pages: a legend line declaring 2-3 tags ('Put a name "
             "between <kel> and </kel>'), named two times in three after a word piece of the tokenizer's "
             f"vocabulary, else an invented word; then 1-4 lines drawn from those {lines}, each followed "
-            "by one declared tag around a name or value that occurs in that line; one tag may wrap whole "
-            "lines; lines are separated by a line break or a blank line; a page with a question has no "
-            "other line about the asked entity. The demo's tags (search, information, answer, think) "
-            "never occur. Training windows start at a document's start"
+            "by a declared tag around a name or value that occurs in that line (the marking tags take "
+            "turns, from a random one on); one tag may wrap whole lines; lines are separated by a line "
+            "break or a blank line; a page with a question has no other line about the asked entity. The "
+            "demo's tags (search, information, answer, think) never occur. Training windows start at a "
+            "document's start"
         )
+        if settings.detach_tag_names:
+            parts[-1] += (
+                "; where the next token is a tag name the loss trains the model but not its output "
+                "embeddings (it learns to copy a tag name, not which words are tag names)"
+            )
     return (
         "Self-supervised next-token prediction on "
         + "; ".join(parts)
@@ -410,6 +424,25 @@ def _next_token_loss(model: Any, batch: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
 
 
+def _corpus_loss(model: Any, batch: torch.Tensor, tag_openers: torch.Tensor | None) -> torch.Tensor:
+    """The next-token loss; where the input token is one of ``tag_openers`` (``<``, ``</``) the
+    target is a tag name, and there the output embedding is detached: the model learns to copy a
+    tag name from the legend, not which tokens are tag names (a token never used as a tag, like the
+    demo's ``answer``, would otherwise be learnt as one that never follows ``<``)."""
+    import torch
+    import torch.nn.functional as F
+
+    if tag_openers is None:
+        return _next_token_loss(model, batch)
+    inputs, targets = batch[:, :-1], batch[:, 1:]
+    hidden = model.model(input_ids=inputs).last_hidden_state
+    weight = model.get_output_embeddings().weight
+    at_tag = torch.isin(inputs, tag_openers)
+    loss_text = F.cross_entropy(F.linear(hidden[~at_tag], weight), targets[~at_tag], reduction="sum")
+    loss_tag = F.cross_entropy(F.linear(hidden[at_tag], weight.detach()), targets[at_tag], reduction="sum")
+    return (loss_text + loss_tag) / targets.numel()
+
+
 def pretrain(
     out_dir: str | Path, settings: PretrainSettings, log: Callable[[str], None] | None = None
 ) -> Path:
@@ -442,6 +475,9 @@ def pretrain(
     model.train()
     total = settings.copy_warmup_steps + settings.steps
     vocab_ids = torch.unique(stream[stream != eos])
+    tag_openers = None
+    if settings.detach_tag_names:
+        tag_openers = torch.tensor([tokenizer.convert_tokens_to_ids(t) for t in ("<", "</")])
     warmup_rows = settings.batch_size * settings.seq_len // (2 * COPY_RUN + 1)  # same tokens as a corpus step
     for step in range(total):
         for group in opt.param_groups:
@@ -453,7 +489,7 @@ def pretrain(
         else:
             starts = doc_starts[torch.randint(0, len(doc_starts), (settings.batch_size,), generator=gen)]
             batch = torch.stack([stream[s : s + settings.seq_len + 1] for s in starts.tolist()])
-            loss = lm_loss = _next_token_loss(model, batch)
+            loss = lm_loss = _corpus_loss(model, batch, tag_openers)
             if settings.copy_rows:
                 copies = copy_batch(settings.copy_rows, COPY_RUN, vocab_ids, eos, gen)
                 loss = loss + COPY_WEIGHT * _next_token_loss(model, copies)

@@ -19,8 +19,9 @@ For each seed:
 ``searches_after`` and the same under ``no_search``; the console shows the before/after table,
 one trajectory before and after, and where the plots and HTML reports are.
 
-    searchr1 demo                 # 3 seeds, <= 15 min on 2 cores
-    searchr1 demo --quick         # 1 seed, fewer steps, <= 3 min
+    searchr1 demo                 # 3 seeds: ~15 min on 2 cores (~8.5 min with the starting model cached)
+    searchr1 demo --quick         # 1 seed, 20 steps: ~3 min with the starting model cached
+    searchr1 demo --probe 32      # only sample the starting model's rollouts and count what they do
 """
 
 from __future__ import annotations
@@ -465,7 +466,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def add_arguments(parser: Any) -> None:
     parser.add_argument("--out", default=None, help="run folder (default: a new runs/demo-<time>)")
-    parser.add_argument("--quick", action="store_true", help="1 seed, fewer steps: <= 3 minutes on 2 cores")
+    parser.add_argument("--quick", action="store_true", help="1 seed, 20 RL steps (about 3 minutes once the starting model is cached)")
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default 0 1 2; --quick 0)")
     parser.add_argument(
         "--algorithm", default="grpo", help="grpo (default) | ppo | rloo | reinforce | reinforce_plus_plus"
@@ -479,7 +480,33 @@ def add_arguments(parser: Any) -> None:
         help="folder of starting models shared by runs (default runs/starting-models); '' builds the "
         "model into <out>/starting-model",
     )
+    parser.add_argument(
+        "--probe",
+        type=int,
+        default=0,
+        metavar="N",
+        help="only sample the starting model's rollouts on N training questions (no RL) and print how "
+        "often it searches, answers and earns reward",
+    )
     parser.add_argument("overrides", nargs="*", help="extra dotted key=value overrides of the RL config")
+
+
+def run_probe(out: Path, settings: DemoSettings, questions: int) -> int:
+    """``--probe N``: the starting model's sampled rollouts on the first seed's world, summarised."""
+    from searchr1.demo_probe import format_probe, probe_policy
+    from searchr1.pretrain import prepare_starting_model
+
+    model_dir = prepare_starting_model(starting_model_dir(out, settings), settings.pretrain, log=print)
+    try:
+        result = probe_policy(model_dir, settings, seed=settings.seeds[0], questions=questions)
+    except ValueError as exc:
+        from searchr1.cli import UserFacingError
+
+        raise UserFacingError(f"--probe: {exc}") from exc
+    print(format_probe(result))
+    (out / "probe.json").write_text(json.dumps({"model": str(model_dir), **result.as_dict()}, indent=2) + "\n")
+    print(f"probe: {out / 'probe.json'}")
+    return 0
 
 
 def run_from_args(args: Any) -> int:
@@ -504,6 +531,8 @@ def run_from_args(args: Any) -> int:
         from searchr1.cli import UserFacingError
 
         raise UserFacingError(str(exc)) from exc
+    if args.probe:
+        return run_probe(out, settings, args.probe)
     summary = run_learning_demo(out, settings)
     write_reports(summary, out)
     (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")

@@ -5,7 +5,7 @@ For each seed:
 1. **World**: the embedded synthetic encyclopedia (``searchr1.data.synth``, world seed = the demo
    seed), its corpus indexed with BM25. Test questions ask about entities that no training
    question mentions.
-2. **Starting model** (shared by the seeds, cached under the run folder): a tiny Qwen2-style LM
+2. **Starting model** (shared by the seeds and by runs, cached in ``--model-cache``): a tiny Qwen2-style LM
    pre-trained self-supervised on *other* worlds (``searchr1.pretrain``); it has never seen a
    question answered, nor a search trajectory.
 3. **Before**: greedy evaluation on the held-out test questions (``searchr1.evaluation``).

@@ -8,7 +8,7 @@ samples per question) on training questions of one world and counts, as shares o
 - ``first_search`` / ``first_answer``: the first turn begins with ``<search>`` / ``<answer>``;
 - ``searched``: at least one search ran;
 - ``retrieved_answer``: a search returned a passage that contains a gold answer;
-- ``answered_after_search``: an ``<answer>`` follows a search;
+- ``answered_after_search``: an ``<answer>`` (closed or not) follows a search's ``<information>`` block;
 - ``rewarded``: reward > 0; ``mean_reward``; ``groups_with_signal``: the share of questions whose
   group has a rewarded rollout (GRPO's advantage is zero in the others).
 
@@ -38,7 +38,7 @@ class ProbeResult:
     mean_reward: float
     groups_with_signal: float
 
-    def as_dict(self) -> dict[str, float]:
+    def as_dict(self) -> dict[str, int | float]:
         return asdict(self)
 
 
@@ -65,7 +65,8 @@ def summarise(trajectories: Sequence[Any], rewards: Sequence[float], groups: Seq
         gold = [str(g) for g in t.meta.get("golden_answers", [])]
         passages = " ".join(f"{hit.get('title', '')} {hit.get('text', '')}" for hits in t.documents for hit in hits)
         retrieved += any(g and g in passages for g in gold)
-        answered += "<answer>" in t.response_text.split("</information>", 1)[-1]
+        _, block, after = t.response_text.partition("</information>")
+        answered += bool(block) and "<answer>" in after
     signal = {g for g, r in zip(groups, rewards, strict=True) if r > 0}
     return ProbeResult(
         rollouts=n,

@@ -20,7 +20,7 @@ For each seed:
 one trajectory before and after, and where the plots and HTML reports are.
 
     searchr1 demo                 # 3 seeds: ~15 min on 2 cores (~8.5 min with the starting model cached)
-    searchr1 demo --quick         # 1 seed, 20 steps: ~3 min with the starting model cached
+    searchr1 demo --quick         # 1 seed, 20 steps: ~2 min with the starting model cached
     searchr1 demo --probe 32      # only sample the starting model's rollouts and count what they do
 """
 
@@ -466,7 +466,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def add_arguments(parser: Any) -> None:
     parser.add_argument("--out", default=None, help="run folder (default: a new runs/demo-<time>)")
-    parser.add_argument("--quick", action="store_true", help="1 seed, 20 RL steps (about 3 minutes once the starting model is cached)")
+    parser.add_argument("--quick", action="store_true", help="1 seed, 20 RL steps (about 2 minutes once the starting model is cached)")
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default 0 1 2; --quick 0)")
     parser.add_argument(
         "--algorithm", default="grpo", help="grpo (default) | ppo | rloo | reinforce | reinforce_plus_plus"

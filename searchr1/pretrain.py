@@ -26,8 +26,8 @@ This module builds the tiny CPU analogue, deterministically, from nothing downlo
    heads a base model has, which a 2-layer model otherwise needs far more text to form), then the
    next-token loss on the corpus in ``seq_len`` windows that start at a document's start, with a
    few copy rows in every step (AdamW, warm-up + cosine decay). Where the target is a tag name, the
-   output embeddings are detached (``detach_tag_names``): the model learns to copy a tag name from
-   the legend, not a list of which words are tag names.
+   loss does not reach the output projection (``detach_tag_names``): the model learns to copy a tag
+   name from the legend, not a list of which words are tag names.
 
 The result is an ordinary Hugging Face folder with a ``pretrain.json`` manifest (settings, corpus
 statistics, loss curve, the exact statement of what the model saw). ``prepare_starting_model``
@@ -114,8 +114,9 @@ class PretrainSettings:
     """Rows of random strings written twice added to every corpus step (keeps the copying); their
     loss enters with weight ``COPY_WEIGHT``."""
     detach_tag_names: bool = True
-    """Where the next token is a tag name (after ``<`` or ``</``), train the copying but not the
-    output embeddings, so that no token is learnt to be, or not to be, a tag name."""
+    """Where the next token is a tag name (after ``<`` or ``</``), the loss trains the copying but
+    does not reach the output projection, so that no token is learnt to be, or not to be, a tag name
+    (with tied embeddings a token still learns as an input where it occurs)."""
     lr: float = 2e-3
     """Peak learning rate (linear warm-up over 5% of the steps, cosine decay to 10%)."""
     seed: int = 0
@@ -367,8 +368,8 @@ def describe_corpus(settings: PretrainSettings) -> str:
         )
         if settings.detach_tag_names:
             parts[-1] += (
-                "; where the next token is a tag name the loss trains the model but not its output "
-                "embeddings (it learns to copy a tag name, not which words are tag names)"
+                "; where the next token is a tag name the loss does not reach the output projection "
+                "(it learns to copy a tag name, not which words are tag names)"
             )
     return (
         "Self-supervised next-token prediction on "
@@ -426,9 +427,10 @@ def _next_token_loss(model: Any, batch: torch.Tensor) -> torch.Tensor:
 
 def _corpus_loss(model: Any, batch: torch.Tensor, tag_openers: torch.Tensor | None) -> torch.Tensor:
     """The next-token loss; where the input token is one of ``tag_openers`` (``<``, ``</``) the
-    target is a tag name, and there the output embedding is detached: the model learns to copy a
-    tag name from the legend, not which tokens are tag names (a token never used as a tag, like the
-    demo's ``answer``, would otherwise be learnt as one that never follows ``<``)."""
+    target is (the first token of) a tag name, and there the output projection is detached: the
+    model learns to copy a tag name from the legend, not which tokens are tag names (a token never
+    used as a tag, like the demo's ``answer``, would otherwise be learnt as one that never follows
+    ``<``). The value equals the plain next-token loss."""
     import torch
     import torch.nn.functional as F
 
@@ -477,7 +479,9 @@ def pretrain(
     vocab_ids = torch.unique(stream[stream != eos])
     tag_openers = None
     if settings.detach_tag_names:
-        tag_openers = torch.tensor([tokenizer.convert_tokens_to_ids(t) for t in ("<", "</")])
+        opener_ids = [tokenizer.convert_tokens_to_ids(t) for t in ("<", "</")]
+        opener_ids = [i for i in opener_ids if i is not None and i != tokenizer.unk_token_id]
+        tag_openers = torch.tensor(opener_ids) if opener_ids else None  # no tags in the vocabulary
     warmup_rows = settings.batch_size * settings.seq_len // (2 * COPY_RUN + 1)  # same tokens as a corpus step
     for step in range(total):
         for group in opt.param_groups:

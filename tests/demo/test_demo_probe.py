@@ -26,15 +26,18 @@ def test_summarise_counts_each_behaviour():
         _traj("<search> T </search>" + info + "<search> U </search>", 1, ("T is based in Zemoor.",)),
         _traj("<search> U </search>\n\n<information>Doc 1(Title: U) U is a city.</information>", 1, ("U is a city.",)),
         _traj(" <answer> T </answer>"),
+        # a search whose observation never came (the budget ran out): an answer before it does not count
+        _traj("<answer> T <search> T </search>", 1, ()),
+        _traj("<search> T </search>\n\n<information></information>\n\n<answer> V </answer>", 1),
     ]
-    result = summarise(trajectories, rewards=[1.0, 0.0, 0.0, 0.0], groups=[0, 0, 1, 1])
-    assert result.rollouts == 4
-    assert result.first_search == 0.75 and result.first_answer == 0.25
-    assert result.searched == 0.75
-    assert result.retrieved_answer == 0.5  # the third search found a passage without the answer
-    assert result.answered_after_search == 0.25  # the fourth answers, but without a search
-    assert result.rewarded == 0.25 and result.mean_reward == 0.25
-    assert result.groups_with_signal == 0.5
+    result = summarise(trajectories, rewards=[1.0, 0.0, 0.0, 0.0, 0.0, 0.5], groups=[0, 0, 1, 1, 2, 2])
+    assert result.rollouts == 6
+    assert result.first_search == 4 / 6 and result.first_answer == 2 / 6
+    assert result.searched == 5 / 6
+    assert result.retrieved_answer == 2 / 6  # the third search found a passage without the answer
+    assert result.answered_after_search == 2 / 6  # the first and the last (an empty block still counts)
+    assert result.rewarded == 2 / 6 and result.mean_reward == 0.25
+    assert result.groups_with_signal == 2 / 3
 
 
 def test_summarise_rejects_mismatched_lengths():
@@ -48,10 +51,10 @@ def test_probe_samples_the_demo_rollouts_of_a_model(tmp_path):
     model = pretrain(tmp_path / "model", TINY_PRETRAIN)
     settings = DemoSettings(pretrain=TINY_PRETRAIN, world={"num_entities": 40}, overrides=["rollout.n=3"])
     result = probe_policy(model, settings, seed=3, questions=2)
-    assert result.rollouts == 6
-    for share in (result.first_search, result.searched, result.rewarded, result.groups_with_signal):
-        assert 0.0 <= share <= 1.0
-    assert result.retrieved_answer <= result.searched and result.answered_after_search <= result.searched
+    assert result.rollouts == 6  # 2 questions x rollout.n
+    assert result.first_search + result.first_answer <= 1.0
+    assert result.groups_with_signal in (0.0, 0.5, 1.0) and (result.rewarded > 0) == (result.groups_with_signal > 0)
+    assert probe_policy(model, settings, seed=3, questions=2) == result  # seeded: the same rollouts again
     with pytest.raises(ValueError, match="questions must be between"):
         probe_policy(model, settings, seed=3, questions=10_000)
 
@@ -59,7 +62,6 @@ def test_probe_samples_the_demo_rollouts_of_a_model(tmp_path):
 def test_demo_probe_flag_writes_probe_json(tmp_path, monkeypatch, capsys):
     import searchr1.learning_demo as demo
 
-    monkeypatch.setattr(demo, "PretrainSettings", lambda: TINY_PRETRAIN)
     real = demo.DemoSettings
     monkeypatch.setattr(
         demo, "DemoSettings", lambda **kw: real(pretrain=TINY_PRETRAIN, world={"num_entities": 40}, **kw)

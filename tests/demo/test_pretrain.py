@@ -6,6 +6,7 @@ import itertools
 import json
 import re
 
+import pytest
 import torch
 from tiny_pretrain import TINY
 
@@ -154,7 +155,6 @@ def test_tags_are_split_and_read_the_same_inside_a_line_and_at_its_start(tmp_pat
     assert tok.decode(tok("a <kel> b </kel>\n", add_special_tokens=False)["input_ids"]) == "a <kel> b </kel>\n"
 
 
-
 def test_the_marking_tags_of_a_page_take_turns():
     docs = [d for d in pretraining_corpus(PretrainSettings(**SMALL)) if " between <" in d.split("\n")[0]]
     pages_with_turns = 0
@@ -169,16 +169,17 @@ def test_the_marking_tags_of_a_page_take_turns():
     assert pages_with_turns > 50
 
 
-def test_tag_name_targets_train_the_copying_not_the_output_embeddings():
+@pytest.mark.parametrize("tied", [False, True])
+def test_tag_name_targets_train_the_copying_not_the_output_embeddings(tied):
     import torch.nn.functional as F
 
     from searchr1.models import build_tiny_model, train_tokenizer
     from searchr1.pretrain import _corpus_loss, _next_token_loss
 
     text = "Put a name between <kel> and </kel>.\nBorvik is a city.\n<kel> Borvik </kel>"
-    tokenizer = train_tokenizer([text] * 20, vocab_size=300, tag_tokens=False)
+    tokenizer = train_tokenizer([text, "the answer was found"] * 20, vocab_size=300, tag_tokens=False)
     model = build_tiny_model(tokenizer, seed=0, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                             num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False)  # fmt: skip
+                             num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=tied)  # fmt: skip
     batch = torch.tensor([tokenizer(text)["input_ids"]])
     openers = torch.tensor([tokenizer.convert_tokens_to_ids(t) for t in ("<", "</")])
     head = model.get_output_embeddings().weight
@@ -191,9 +192,15 @@ def test_tag_name_targets_train_the_copying_not_the_output_embeddings():
     loss = _corpus_loss(model, batch, openers)
     assert torch.allclose(loss, _next_token_loss(model, batch))  # the same loss value
     corpus = head_grad(loss)
-    # the output embeddings learn from the text positions only: exactly the text-only loss's gradient
+    # the output projection learns from the text positions only: the text-only loss's gradient (for
+    # tied embeddings: on the rows of tokens that are not in the input, like "answer" here)
     logits = model(input_ids=batch[:, :-1]).logits[0]
     text_only = ~torch.isin(batch[0, :-1], openers)
     text_loss = F.cross_entropy(logits[text_only], batch[0, 1:][text_only], reduction="sum") / text_only.numel()
-    assert torch.allclose(corpus, head_grad(text_loss), atol=1e-6)
-    assert not torch.allclose(corpus, head_grad(_next_token_loss(model, batch)), atol=1e-6)
+    rows = torch.ones(len(head), dtype=torch.bool)
+    if tied:
+        rows[batch[0]] = False
+    answer = tokenizer.convert_tokens_to_ids("answer")
+    assert answer is not None and rows[answer]
+    assert torch.allclose(corpus[rows], head_grad(text_loss)[rows], atol=1e-6)
+    assert not torch.allclose(corpus[rows], head_grad(_next_token_loss(model, batch))[rows], atol=1e-6)

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from searchr1.data.prompts import format_observation_docs
+from searchr1.retrieval.base import Hit
 
 if TYPE_CHECKING:
     import torch
@@ -128,11 +129,7 @@ class PretrainSettings:
 
 
 def _results_page(rows: list[tuple[str, str]]) -> str:
-    class _Hit:  # the attributes format_observation_docs reads
-        def __init__(self, title: str, text: str) -> None:
-            self.title, self.text = title, text
-
-    return format_observation_docs([_Hit(t, x) for t, x in rows])
+    return format_observation_docs([Hit(id=t, title=t, text=x, score=0.0) for t, x in rows])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -275,19 +272,28 @@ def _world_names(world: Any) -> list[str]:
     return sorted(values, key=lambda v: (-len(v), v))
 
 
-def pretraining_corpus(settings: PretrainSettings, tag_names: list[str] | None = None) -> list[str]:
-    """The documents of the pre-training corpus (see the module docstring), in a seeded order.
+@dataclass
+class CorpusSources:
+    """What the marked-up pages are drawn from, built once (the expensive part: generating worlds)."""
 
-    ``tag_names`` are the words the marked-up pages may name a tag after (default: the lowercase
-    words of the corpus); ``pretrain`` passes every all-letter token of its tokenizer
-    (``tag_vocabulary``), so that any word may follow ``<`` and a tag is known only by copying it.
-    """
+    docs: list[str]
+    """Passages, result pages and question lists."""
+    lines: list[tuple[str, list[str]]]
+    """Lines a marked-up page may quote, each with the names and values of its world."""
+    asked: dict[str, str]
+    """Question line -> the entity it asks about."""
+    rng_state: Any
+    """The corpus random stream after the sources: the marked-up pages continue it."""
+
+
+def corpus_sources(settings: PretrainSettings) -> CorpusSources:
+    """The passages, result pages and questions of ``settings.worlds`` pre-training worlds."""
     from searchr1.data.synth import SynthConfig, generate_world
 
     rng = random.Random(settings.seed)
     docs: list[str] = []
-    lines: list[tuple[str, list[str]]] = []  # (a line of text, the names of its world)
-    asked: dict[str, str] = {}  # question line -> the entity it asks about
+    lines: list[tuple[str, list[str]]] = []
+    asked: dict[str, str] = {}
     for i in range(settings.worlds):
         cfg = SynthConfig(
             num_entities=settings.num_entities,
@@ -319,13 +325,30 @@ def pretraining_corpus(settings: PretrainSettings, tag_names: list[str] | None =
                 docs.append("Questions:\n" + "\n".join(questions[start : start + 8]))
             lines.extend((f"Question: {q}", names) for q in questions)
             asked.update({f"Question: {q['question']}": q["metadata"]["hops"][0] for q in world.splits["train"]})
-    words = tag_names if tag_names is not None else tag_words([x for x, _ in lines])
+    return CorpusSources(docs, lines, asked, rng.getstate())
+
+
+def pretraining_corpus(
+    settings: PretrainSettings, tag_names: list[str] | None = None, sources: CorpusSources | None = None
+) -> list[str]:
+    """The documents of the pre-training corpus (see the module docstring), in a seeded order.
+
+    ``tag_names`` are the words the marked-up pages may name a tag after (default: the lowercase
+    words of the corpus); ``pretrain`` passes every all-letter token of its tokenizer
+    (``tag_vocabulary``), so that any word may follow ``<`` and a tag is known only by copying it.
+    ``sources`` (from ``corpus_sources(settings)``) saves generating the worlds again.
+    """
+    src = sources or corpus_sources(settings)
+    rng = random.Random()
+    rng.setstate(src.rng_state)
+    docs = list(src.docs)
+    words = tag_names if tag_names is not None else tag_words([x for x, _ in src.lines])
     for _ in range(settings.markup_pages):
-        picks = [rng.choice(lines) for _ in range(rng.randint(1, 4))]
+        picks = [rng.choice(src.lines) for _ in range(rng.randint(1, 4))]
         # a page with a question has no other line about the entity it asks about (and so never
         # its answer): a question is never followed by its answer
-        about = {asked[x] for x, _ in picks if x in asked}
-        picks = [(x, n) for x, n in picks if x in asked or not any(e in x for e in about)] or picks[:1]
+        about = {src.asked[x] for x, _ in picks if x in src.asked}
+        picks = [(x, n) for x, n in picks if x in src.asked or not any(e in x for e in about)] or picks[:1]
         docs.append(markup_page(picks, words, rng))
     # no document ends with a line break, so "\n" is never followed by the end-of-text token: a
     # prompt ending in "\n" does not read as a finished document
@@ -455,8 +478,11 @@ def pretrain(
 
     out = Path(out_dir)
     t0 = time.perf_counter()
-    tokenizer = train_tokenizer(pretraining_corpus(settings), vocab_size=settings.vocab_size, tag_tokens=False)
-    docs = pretraining_corpus(settings, tag_names=tag_vocabulary(tokenizer))
+    sources = corpus_sources(settings)
+    tokenizer = train_tokenizer(
+        pretraining_corpus(settings, sources=sources), vocab_size=settings.vocab_size, tag_tokens=False
+    )
+    docs = pretraining_corpus(settings, tag_names=tag_vocabulary(tokenizer), sources=sources)
     stream = _token_stream(docs, tokenizer)
     model = build_tiny_model(
         tokenizer,

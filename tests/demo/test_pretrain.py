@@ -204,3 +204,16 @@ def test_tag_name_targets_train_the_copying_not_the_output_embeddings(tied):
     assert answer is not None and rows[answer]
     assert torch.allclose(corpus[rows], head_grad(text_loss)[rows], atol=1e-6)
     assert not torch.allclose(corpus[rows], head_grad(_next_token_loss(model, batch))[rows], atol=1e-6)
+
+
+def test_the_worlds_are_built_once_for_both_corpora():
+    from searchr1.pretrain import corpus_sources
+
+    settings = PretrainSettings(**SMALL)
+    sources = corpus_sources(settings)
+    # the sources carry the random stream where the marked-up pages start: reusing them (as pretrain
+    # does for the tokenizer's corpus and the training corpus) gives the corpus built from scratch
+    for tags in (None, ["kel", "dor"]):
+        fresh = pretraining_corpus(settings, tag_names=tags)
+        assert pretraining_corpus(settings, tag_names=tags, sources=sources) == fresh
+        assert pretraining_corpus(settings, tag_names=tags, sources=sources) == fresh

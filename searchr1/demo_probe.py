@@ -90,11 +90,9 @@ def probe_policy(model_dir: str | Path, settings: Any = None, seed: int = 0, que
         build_bm25,
         build_world,
         check_settings,
-        rl_config,
+        demo_trainer,
     )
-    from searchr1.models import load_model, load_tokenizer
     from searchr1.trainer import adapters
-    from searchr1.trainer.loop import RLTrainer
 
     settings = settings or DemoSettings()
     with tempfile.TemporaryDirectory() as tmp:
@@ -104,15 +102,8 @@ def probe_policy(model_dir: str | Path, settings: Any = None, seed: int = 0, que
         train = _read_jsonl(files["train"])
         if not 0 < questions <= len(train):
             raise ValueError(f"questions must be between 1 and {len(train)}, got {questions}")
-        trainer = RLTrainer(
-            rl_config(settings, seed, folder / "run", prompt_path, Path(model_dir)),
-            model=load_model(model_dir),
-            tokenizer=load_tokenizer(model_dir),
-            retriever=build_bm25(files["corpus"]),
-            train_samples=train,
-            val_samples=train[:1],
-        )
-        trainer.setup()
+        retriever = build_bm25(files["corpus"])
+        trainer = demo_trainer(settings, seed, Path(model_dir), retriever, train, train[:1], folder / "run", prompt_path)
         trajectories, groups, _ = trainer.rollout(list(range(questions)), 0)
         decode = trainer.tokenizer.decode
         rewards = [r.total for r in adapters.score(trainer.reward_fn, trajectories, decode)]

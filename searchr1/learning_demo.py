@@ -19,8 +19,8 @@ For each seed:
 ``searches_after`` and the same under ``no_search``; the console shows the before/after table,
 one trajectory before and after, and where the plots and HTML reports are.
 
-    searchr1 demo                 # 3 seeds: ~15 min on 2 cores (~8.5 min with the starting model cached)
-    searchr1 demo --quick         # 1 seed, 20 steps: ~2 min with the starting model cached
+    searchr1 demo                 # 3 seeds: 8.5 min on 2 cores with the starting model cached, ~15 min fresh
+    searchr1 demo --quick         # 1 seed, 20 steps: 76 s with the starting model cached
     searchr1 demo --probe 32      # only sample the starting model's rollouts and count what they do
 """
 
@@ -169,6 +169,32 @@ def _overall(summary: dict[str, Any]) -> dict[str, float]:
     return {k: float(o[k]) for k in ("em", "f1", "searches", "valid_format")}
 
 
+def demo_trainer(
+    settings: DemoSettings,
+    seed: int,
+    model_dir: Path,
+    retriever: Any,
+    train: list[dict],
+    val: list[dict],
+    out: Path,
+    prompt_path: Path,
+) -> Any:
+    """The demo's RL trainer (set up) on a fresh copy of the starting model in ``model_dir``."""
+    from searchr1.models import load_model, load_tokenizer
+    from searchr1.trainer.loop import RLTrainer
+
+    trainer = RLTrainer(
+        rl_config(settings, seed, out, prompt_path, model_dir),
+        model=load_model(model_dir),
+        tokenizer=load_tokenizer(model_dir),
+        retriever=retriever,
+        train_samples=train,
+        val_samples=val,
+    )
+    trainer.setup()
+    return trainer
+
+
 def one_run(
     settings: DemoSettings,
     seed: int,
@@ -180,21 +206,9 @@ def one_run(
     log: Callable[[str], None],
 ) -> dict[str, Any]:
     """Evaluate, train, evaluate: one policy from the starting model with one search backend."""
-    from searchr1.models import load_model, load_tokenizer
-    from searchr1.trainer.loop import RLTrainer
-
-    cfg = rl_config(settings, seed, out, prompt_path, model_dir)
     train = _read_jsonl(world_files["train"])
     test = _read_jsonl(world_files["test"])[: settings.num_test]
-    trainer = RLTrainer(
-        cfg,
-        model=load_model(model_dir),
-        tokenizer=load_tokenizer(model_dir),
-        retriever=retriever,
-        train_samples=train,
-        val_samples=test,
-    )
-    trainer.setup()
+    trainer = demo_trainer(settings, seed, model_dir, retriever, train, test, out, prompt_path)
     t0 = time.perf_counter()
     before = evaluate_policy(trainer, test, out / "eval_before", str(prompt_path), seed)
     log(f"  before: EM {before['overall']['em']:.3f}  searches/question {before['overall']['searches']:.2f}")
@@ -257,6 +271,15 @@ def starting_model_dir(out: Path, settings: DemoSettings) -> Path:
     return Path(settings.model_cache) / settings.pretrain.key()
 
 
+def starting_model(out: Path, settings: DemoSettings, log: Callable[[str], None]) -> Path:
+    """The starting model's folder: reused from ``starting_model_dir``, else pre-trained there."""
+    from searchr1.pretrain import prepare_starting_model
+
+    model_dir = starting_model_dir(out, settings)
+    log(f"starting model: {model_dir} (a tiny LM pre-trained on other worlds; built once, then reused)")
+    return prepare_starting_model(model_dir, settings.pretrain, log=lambda s: log("  " + s))
+
+
 def run_learning_demo(
     out_dir: str | Path, settings: DemoSettings | None = None, log: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
@@ -269,12 +292,7 @@ def run_learning_demo(
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     prompt_path = check_settings(out, settings)
-
-    from searchr1.pretrain import prepare_starting_model
-
-    model_dir = starting_model_dir(out, settings)
-    log(f"starting model: {model_dir} (a tiny LM pre-trained on other worlds; built once, then reused)")
-    model_dir = prepare_starting_model(model_dir, settings.pretrain, log=lambda s: log("  " + s))
+    model_dir = starting_model(out, settings, log)
     manifest = json.loads((model_dir / "pretrain.json").read_text())
 
     per_seed: dict[str, Any] = {}
@@ -466,7 +484,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def add_arguments(parser: Any) -> None:
     parser.add_argument("--out", default=None, help="run folder (default: a new runs/demo-<time>)")
-    parser.add_argument("--quick", action="store_true", help="1 seed, 20 RL steps (about 2 minutes once the starting model is cached)")
+    parser.add_argument("--quick", action="store_true", help="1 seed, 20 RL steps (76 s on 2 cores once the starting model is cached)")
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default 0 1 2; --quick 0)")
     parser.add_argument(
         "--algorithm", default="grpo", help="grpo (default) | ppo | rloo | reinforce | reinforce_plus_plus"
@@ -494,9 +512,8 @@ def add_arguments(parser: Any) -> None:
 def run_probe(out: Path, settings: DemoSettings, questions: int) -> int:
     """``--probe N``: the starting model's sampled rollouts on the first seed's world, summarised."""
     from searchr1.demo_probe import format_probe, probe_policy
-    from searchr1.pretrain import prepare_starting_model
 
-    model_dir = prepare_starting_model(starting_model_dir(out, settings), settings.pretrain, log=print)
+    model_dir = starting_model(out, settings, print)
     try:
         result = probe_policy(model_dir, settings, seed=settings.seeds[0], questions=questions)
     except ValueError as exc:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up .venv (idempotent) and runs the demo on the embedded synthetic world.
-#   scripts/demo.sh                      the quick learning demo (seed 0, 20 RL steps; ~2 min with the starting model cached, ~8.5 min the first time)
+#   scripts/demo.sh                      the quick learning demo (seed 0, 20 RL steps; 76 s with the starting model cached, 8.5 min the first time)
 #   scripts/demo.sh --seeds 0 1 2 ...    any arguments go to `searchr1 demo` instead (the full demo)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -56,14 +56,18 @@ def summarise(trajectories: Sequence[Any], rewards: Sequence[float], groups: Seq
     ``documents`` and ``meta['golden_answers']``), their ``rewards`` and group ids."""
     n = len(trajectories)
     if n == 0 or len(rewards) != n or len(groups) != n:
-        raise ValueError(f"need as many rewards and groups as trajectories (got {n}, {len(rewards)}, {len(groups)})")
+        raise ValueError(
+            f"need as many rewards and groups as trajectories (got {n}, {len(rewards)}, {len(groups)})"
+        )
     first = [_first_action(t.response_text) for t in trajectories]
     retrieved = answered = 0
     for t in trajectories:
         if not t.searches:
             continue
         gold = [str(g) for g in t.meta.get("golden_answers", [])]
-        passages = " ".join(f"{hit.get('title', '')} {hit.get('text', '')}" for hits in t.documents for hit in hits)
+        passages = " ".join(
+            f"{hit.get('title', '')} {hit.get('text', '')}" for hits in t.documents for hit in hits
+        )
         retrieved += any(g and g in passages for g in gold)
         _, block, after = t.response_text.partition("</information>")
         answered += bool(block) and "<answer>" in after
@@ -81,7 +85,9 @@ def summarise(trajectories: Sequence[Any], rewards: Sequence[float], groups: Seq
     )
 
 
-def probe_policy(model_dir: str | Path, settings: Any = None, seed: int = 0, questions: int = 32) -> ProbeResult:
+def probe_policy(
+    model_dir: str | Path, settings: Any = None, seed: int = 0, questions: int = 32
+) -> ProbeResult:
     """Sample the demo's rollouts of the model in ``model_dir`` on ``questions`` training questions
     of world ``seed`` (``settings``: a ``DemoSettings``, default the demo's) and summarise them."""
     from searchr1.learning_demo import (
@@ -103,7 +109,9 @@ def probe_policy(model_dir: str | Path, settings: Any = None, seed: int = 0, que
         if not 0 < questions <= len(train):
             raise ValueError(f"questions must be between 1 and {len(train)}, got {questions}")
         retriever = build_bm25(files["corpus"])
-        trainer = demo_trainer(settings, seed, Path(model_dir), retriever, train, train[:1], folder / "run", prompt_path)
+        trainer = demo_trainer(
+            settings, seed, Path(model_dir), retriever, train, train[:1], folder / "run", prompt_path
+        )
         trajectories, groups, _ = trainer.rollout(list(range(questions)), 0)
         decode = trainer.tokenizer.decode
         rewards = [r.total for r in adapters.score(trainer.reward_fn, trajectories, decode)]
@@ -123,4 +131,102 @@ def format_probe(result: ProbeResult) -> str:
     lines = [f"{result.rollouts} sampled rollouts (temperature 1) of the starting model, before RL:"]
     lines += [f"  {name:48s} {share:6.1%}" for name, share in rows]
     lines.append(f"  {'mean reward':48s} {result.mean_reward:6.3f}")
+    return "\n".join(lines)
+
+
+@dataclass
+class AnswerShare:
+    """How often sampled answers to one kind of question are right when the right passage is shown."""
+
+    relation: str
+    questions: int
+    mean_f1: float
+    exact: float
+
+
+def passage_context(template: str, question: str, entity: str, passage: str) -> str:
+    """The demo's context after a search for ``entity`` that returned ``passage``, ending at
+    ``<answer>``: the prompt, ``<search> entity </search>``, the information block."""
+    from searchr1.data.prompts import fill_template, format_observation_docs, wrap_information
+
+    docs = format_observation_docs([_hit(entity, passage)])
+    return f"{fill_template(template, question)}<search> {entity} </search>{wrap_information(docs)}<answer>"
+
+
+def _hit(title: str, text: str) -> Any:
+    from searchr1.retrieval.base import Hit
+
+    return Hit(id=title, title=title, text=text, score=0.0)
+
+
+def answers_given_passage(
+    model_dir: str | Path,
+    seed: int = 0,
+    questions: int = 200,
+    samples: int = 8,
+    max_tokens: int = 20,
+    world: dict[str, Any] | None = None,
+) -> list[AnswerShare]:
+    """Exploration per kind of question: for ``questions`` single-hop training questions of world
+    ``seed``, show the model the passage of the asked entity as if its search had returned it, sample
+    ``samples`` answers (temperature 1) and score them against the gold answer (F1 and exact match),
+    averaged per relation (``birth_year``, ``occupation``, ...). RL can only learn a kind of question
+    whose answers are sometimes right here. ``world``: the demo's ``SynthConfig`` knobs (default the
+    demo's); an answer left unclosed after ``max_tokens`` scores 0, as in the demo."""
+    import torch
+
+    from searchr1.data.synth import SynthConfig, generate_world
+    from searchr1.learning_demo import DemoSettings
+    from searchr1.models import load_model, load_tokenizer
+    from searchr1.pretrain import DEMO_INSTRUCTION
+    from searchr1.rewards.text import exact_match, f1_score
+
+    model, tokenizer = load_model(model_dir), load_tokenizer(model_dir)
+    model.eval()
+    world_knobs = DemoSettings().world if world is None else world
+    generated = generate_world(SynthConfig(seed=seed, **world_knobs))
+    passage: dict[str, str] = {}
+    for row in generated.corpus:
+        title, _, text = row["contents"].partition("\n")
+        passage.setdefault(title.strip('"'), text)  # an entity's first passage holds its attributes
+    scores: dict[str, list[tuple[float, float]]] = {}
+    torch.manual_seed(seed)
+    asked = [q for q in generated.splits["train"] if q["metadata"]["type"] == "single"][:questions]
+    if not asked:
+        raise ValueError("no single-hop training questions to ask")
+    for q in asked:
+        entity = q["metadata"]["hops"][0]
+        context = passage_context(DEMO_INSTRUCTION, q["question"], entity, passage[entity])
+        ids = tokenizer(context, return_tensors="pt").input_ids.repeat(samples, 1)
+        with torch.no_grad():
+            out = model.generate(
+                ids,
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=max_tokens,
+                pad_token_id=tokenizer.eos_token_id,
+            )
+        for row in out[:, ids.shape[1] :]:
+            text = tokenizer.decode(row, skip_special_tokens=True)
+            answer = (
+                text.split("</answer>")[0].strip() if "</answer>" in text else None
+            )  # unclosed: no reward
+            gold = q["golden_answers"]
+            scores.setdefault(q["metadata"]["relation"], []).append(
+                (f1_score(answer, gold), exact_match(answer, gold))
+            )
+    return [
+        AnswerShare(rel, len(v) // samples, sum(f for f, _ in v) / len(v), sum(e for _, e in v) / len(v))
+        for rel, v in sorted(scores.items())
+    ]
+
+
+def format_answer_shares(rows: Sequence[AnswerShare], samples: int) -> str:
+    lines = [f"answers sampled ({samples} per question) when the asked entity's passage is shown:"]
+    lines += [
+        f"  {r.relation:16s} {r.questions:4d} questions  F1 {r.mean_f1:.3f}  exact {r.exact:6.1%}"
+        for r in rows
+    ]
     return "\n".join(lines)

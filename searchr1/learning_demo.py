@@ -319,7 +319,11 @@ def run_learning_demo(
 
 
 def _summary(
-    per_seed: dict[str, Any], settings: DemoSettings, manifest: dict[str, Any], model_dir: Path, t_start: float
+    per_seed: dict[str, Any],
+    settings: DemoSettings,
+    manifest: dict[str, Any],
+    model_dir: Path,
+    t_start: float,
 ) -> dict:
     return {
         "seeds": per_seed,
@@ -484,7 +488,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def add_arguments(parser: Any) -> None:
     parser.add_argument("--out", default=None, help="run folder (default: a new runs/demo-<time>)")
-    parser.add_argument("--quick", action="store_true", help="1 seed, 20 RL steps (76 s on 2 cores once the starting model is cached)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="1 seed, 20 RL steps (76 s on 2 cores once the starting model is cached)",
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default 0 1 2; --quick 0)")
     parser.add_argument(
         "--algorithm", default="grpo", help="grpo (default) | ppo | rloo | reinforce | reinforce_plus_plus"
@@ -509,19 +517,37 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("overrides", nargs="*", help="extra dotted key=value overrides of the RL config")
 
 
+PROBE_SAMPLES = 8
+"""Answers sampled per question by ``--probe``'s per-kind table."""
+
+
 def run_probe(out: Path, settings: DemoSettings, questions: int) -> int:
-    """``--probe N``: the starting model's sampled rollouts on the first seed's world, summarised."""
-    from searchr1.demo_probe import format_probe, probe_policy
+    """``--probe N``: the starting model's sampled rollouts on the first seed's world, summarised,
+    and its sampled answers per kind of question when the right passage is shown (``4 N`` questions)."""
+    from searchr1.demo_probe import answers_given_passage, format_answer_shares, format_probe, probe_policy
 
     model_dir = starting_model(out, settings, print)
     try:
         result = probe_policy(model_dir, settings, seed=settings.seeds[0], questions=questions)
+        shares = answers_given_passage(
+            model_dir,
+            seed=settings.seeds[0],
+            questions=4 * questions,
+            samples=PROBE_SAMPLES,
+            world=settings.world,
+        )
     except ValueError as exc:
         from searchr1.cli import UserFacingError
 
         raise UserFacingError(f"--probe: {exc}") from exc
     print(format_probe(result))
-    (out / "probe.json").write_text(json.dumps({"model": str(model_dir), **result.as_dict()}, indent=2) + "\n")
+    print(format_answer_shares(shares, PROBE_SAMPLES))
+    report = {
+        "model": str(model_dir),
+        **result.as_dict(),
+        "answers_given_passage": [asdict(r) for r in shares],
+    }
+    (out / "probe.json").write_text(json.dumps(report, indent=2) + "\n")
     print(f"probe: {out / 'probe.json'}")
     return 0
 

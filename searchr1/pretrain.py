@@ -114,6 +114,9 @@ class PretrainSettings:
     copy_rows: int = 24
     """Rows of random strings written twice added to every corpus step (keeps the copying); their
     loss enters with weight ``COPY_WEIGHT``."""
+    phrase_marks: float = 0.0
+    """Share of the marks of a marked-up page that enclose a phrase of the line (a name or value with
+    1-4 neighbouring words) instead of the name or value alone (see ``mark_text``)."""
     detach_tag_names: bool = True
     """Where the next token is a tag name (after ``<`` or ``</``), the loss trains the copying but
     does not reach the output projection, so that no token is learnt to be, or not to be, a tag name
@@ -160,7 +163,27 @@ def tag_name(rng: random.Random, words: list[str]) -> tuple[str, bool]:
     name and whether it was drawn from ``words``."""
     if words and rng.random() < 2 / 3:
         return rng.choice(words), True
-    onsets = ["b", "c", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "st"]
+    onsets = [
+        "b",
+        "c",
+        "d",
+        "f",
+        "g",
+        "h",
+        "k",
+        "l",
+        "m",
+        "n",
+        "p",
+        "r",
+        "s",
+        "t",
+        "v",
+        "z",
+        "br",
+        "dr",
+        "st",
+    ]
     while True:
         word = "".join(rng.choice(onsets) + rng.choice("aeiou") for _ in range(rng.randint(1, 3)))
         word += rng.choice(["", "", "l", "n", "r", "s", "m", "k"])
@@ -196,7 +219,8 @@ def _legend(tags: list[str], wrap: str | None, is_word: dict[str, bool], rng: ra
     parts = [f"put {_legend_noun(t, is_word[t], rng)} between <{t}> and </{t}>" for t in tags]
     if wrap is not None:
         parts.insert(
-            rng.randrange(len(parts) + 1), f"{rng.choice(_LEGEND_PLURALS)} come between <{wrap}> and </{wrap}>"
+            rng.randrange(len(parts) + 1),
+            f"{rng.choice(_LEGEND_PLURALS)} come between <{wrap}> and </{wrap}>",
         )
     text = "; ".join(parts) + "."
     return text[0].upper() + text[1:]
@@ -220,7 +244,33 @@ def mentions_in(line: str, names: list[str]) -> list[str]:
     return [n for _, n in sorted(found)]
 
 
-def markup_page(lines: list[tuple[str, list[str]]], words: list[str], rng: random.Random) -> str:
+def mark_text(line: str, mention: str, phrase: bool, rng: random.Random) -> str:
+    """What a mark encloses: ``mention`` itself, or (``phrase``) the piece of ``line`` from up to 3
+    words before ``mention`` to up to 3 words after it (at least one word more), within its
+    sentence and without the sentence's final stop: ``born in Zemoor in 1932``."""
+    if not phrase:
+        return mention
+    start = line.find(mention)
+    end = start + len(mention)
+    stop = line.rfind(". ", 0, start)
+    first = stop + 2 if stop >= 0 else 0
+    stop = line.find(". ", end)
+    last = stop if stop >= 0 else len(line)
+    words = [(w.start(), w.end()) for w in re.finditer(r"\S+", line)]
+    before = [a for a, b in words if b <= start and a >= first]
+    after = [b for a, b in words if a >= end and b <= last + 1]
+    left = rng.randint(0, min(3, len(before)))
+    right = rng.randint(0, min(3, len(after)))
+    if left + right == 0 and (before or after):
+        left, right = (1, 0) if before else (0, 1)
+    a = before[len(before) - left] if left else start
+    b = after[right - 1] if right else end
+    return line[a:b].rstrip(".,;?")
+
+
+def markup_page(
+    lines: list[tuple[str, list[str]]], words: list[str], rng: random.Random, phrase_marks: float = 0.0
+) -> str:
     """A legend declaring 2-3 tags (one of them may wrap whole lines), then each line followed
     by a declared tag around a name or value that occurs in that line; the marking tags take turns
     in the legend's order, from a random one on (``lines`` pairs a line with the names and values of
@@ -249,14 +299,17 @@ def markup_page(lines: list[tuple[str, list[str]]], words: list[str], rng: rando
         found = mentions_in(line, names)
         if not found:
             continue
+        shown = line
         if rng.random() < 0.3:
-            line = f"{rng.choice(_LINE_LABELS)}: {line}"
+            shown = f"{rng.choice(_LINE_LABELS)}: {shown}"
         if wrap is not None and rng.random() < 0.6:
-            line = f"<{wrap}>{line}{chr(10) if inner_break else ''}</{wrap}>"
+            shown = f"<{wrap}>{shown}{chr(10) if inner_break else ''}</{wrap}>"
         tag = page_tags[turn % len(page_tags)]
         turn += 1
-        out.append(line)
-        out.append(f"<{tag}> {rng.choice(found)} </{tag}>")
+        out.append(shown)
+        mention = rng.choice(found)
+        phrase = phrase_marks > 0 and rng.random() < phrase_marks
+        out.append(f"<{tag}> {mark_text(line, mention, phrase, rng)} </{tag}>")
     return gap.join(out)
 
 
@@ -311,7 +364,8 @@ def corpus_sources(settings: PretrainSettings) -> CorpusSources:
             title, _, text = row["contents"].partition("\n")
             rows.append((title.strip('"'), text))
         docs.extend(
-            f"{t}\n{x}" + (f" {rng.choice(_EVERYDAY).format(n=t)}" if rng.random() < 0.3 else "") for t, x in rows
+            f"{t}\n{x}" + (f" {rng.choice(_EVERYDAY).format(n=t)}" if rng.random() < 0.3 else "")
+            for t, x in rows
         )
         lines.extend((x, names) for _, x in rows)
         if settings.result_pages:
@@ -324,7 +378,9 @@ def corpus_sources(settings: PretrainSettings) -> CorpusSources:
             for start in range(0, len(questions), 8):
                 docs.append("Questions:\n" + "\n".join(questions[start : start + 8]))
             lines.extend((f"Question: {q}", names) for q in questions)
-            asked.update({f"Question: {q['question']}": q["metadata"]["hops"][0] for q in world.splits["train"]})
+            asked.update(
+                {f"Question: {q['question']}": q["metadata"]["hops"][0] for q in world.splits["train"]}
+            )
     return CorpusSources(docs, lines, asked, rng.getstate())
 
 
@@ -349,7 +405,7 @@ def pretraining_corpus(
         # its answer): a question is never followed by its answer
         about = {src.asked[x] for x, _ in picks if x in src.asked}
         picks = [(x, n) for x, n in picks if x in src.asked or not any(e in x for e in about)] or picks[:1]
-        docs.append(markup_page(picks, words, rng))
+        docs.append(markup_page(picks, words, rng, settings.phrase_marks))
     # no document ends with a line break, so "\n" is never followed by the end-of-text token: a
     # prompt ending in "\n" does not read as a finished document
     docs = [d.rstrip("\n") for d in docs]

@@ -7,7 +7,7 @@ import json
 import pytest
 from tiny_pretrain import TINY_PRETRAIN
 
-from searchr1.demo_probe import probe_policy, summarise
+from searchr1.demo_probe import answers_given_passage, passage_context, probe_policy, summarise
 from searchr1.learning_demo import DemoSettings, main
 from searchr1.rollout.types import Trajectory
 
@@ -24,7 +24,11 @@ def test_summarise_counts_each_behaviour():
     trajectories = [
         _traj("<search> T </search>" + info + "<answer> Zemoor </answer>", 1, ("T is based in Zemoor.",)),
         _traj("<search> T </search>" + info + "<search> U </search>", 1, ("T is based in Zemoor.",)),
-        _traj("<search> U </search>\n\n<information>Doc 1(Title: U) U is a city.</information>", 1, ("U is a city.",)),
+        _traj(
+            "<search> U </search>\n\n<information>Doc 1(Title: U) U is a city.</information>",
+            1,
+            ("U is a city.",),
+        ),
         _traj(" <answer> T </answer>"),
         # a search whose observation never came (the budget ran out): an answer before it does not count
         _traj("<answer> T <search> T </search>", 1, ()),
@@ -53,7 +57,9 @@ def test_probe_samples_the_demo_rollouts_of_a_model(tmp_path):
     result = probe_policy(model, settings, seed=3, questions=2)
     assert result.rollouts == 6  # 2 questions x rollout.n
     assert result.first_search + result.first_answer <= 1.0
-    assert result.groups_with_signal in (0.0, 0.5, 1.0) and (result.rewarded > 0) == (result.groups_with_signal > 0)
+    assert result.groups_with_signal in (0.0, 0.5, 1.0) and (result.rewarded > 0) == (
+        result.groups_with_signal > 0
+    )
     assert probe_policy(model, settings, seed=3, questions=2) == result  # seeded: the same rollouts again
     with pytest.raises(ValueError, match="questions must be between"):
         probe_policy(model, settings, seed=3, questions=10_000)
@@ -70,3 +76,58 @@ def test_demo_probe_flag_writes_probe_json(tmp_path, monkeypatch, capsys):
     probe = json.loads((tmp_path / "probe.json").read_text())
     assert probe["rollouts"] == 2 and probe["model"] == str(tmp_path / "starting-model")
     assert "reward > 0" in capsys.readouterr().out
+    shares = probe["answers_given_passage"]
+    assert sum(r["questions"] for r in shares) == 4  # 4 x --probe questions
+
+
+def test_passage_context_is_the_rollouts_context_after_a_search():
+    context = passage_context(
+        "Q: {question}\n", "Where was Ann Lee born", "Ann Lee", "Ann Lee was born in Zemoor."
+    )
+    assert context == (
+        "Q: Where was Ann Lee born?\n<search> Ann Lee </search>\n\n<information>Doc 1(Title: Ann Lee) "
+        "Ann Lee was born in Zemoor.\n</information>\n\n<answer>"
+    )
+
+
+class _Writes:
+    """A stand-in language model that always writes the same text (a scripted policy)."""
+
+    def __init__(self, tokenizer, text: str):
+        self.tokenizer, self.text = tokenizer, text
+
+    def eval(self):
+        return self
+
+    def generate(self, ids, **_):
+        import torch
+
+        tail = torch.tensor(self.tokenizer(self.text, add_special_tokens=False).input_ids)
+        return torch.cat([ids, tail.expand(ids.shape[0], -1)], dim=1)
+
+
+@pytest.mark.parametrize(
+    ("text", "score"), [(" {city} </answer>", 1.0), (" born in {city} </answer>", 0.5), (" {city}", 0.0)]
+)
+def test_answers_given_passage_scores_each_kind_of_question(tmp_path, monkeypatch, text, score):
+    """A scripted policy that answers every question with one city scores, per kind of question,
+    the share whose gold answer is that city (half as much, F1 0.5, for a three-word answer holding
+    it; nothing for an unclosed answer)."""
+    import searchr1.models as models
+    from searchr1.data.synth import SynthConfig, generate_world
+    from searchr1.pretrain import pretrain
+
+    model_dir = pretrain(tmp_path / "model", TINY_PRETRAIN)
+    knobs = {"num_entities": 40, "hop_mix": {"single": 1.0}}
+    asked = generate_world(SynthConfig(seed=3, **knobs)).splits["train"][:30]
+    city = next(q["golden_answers"][0] for q in asked if q["metadata"]["relation"] == "birth_city")
+    tokenizer = models.load_tokenizer(model_dir)
+    monkeypatch.setattr(models, "load_model", lambda _: _Writes(tokenizer, text.format(city=city)))
+    rows = answers_given_passage(model_dir, seed=3, questions=30, samples=2, world=knobs)
+    assert sum(r.questions for r in rows) == 30
+    for row in rows:
+        golds = [q["golden_answers"][0] for q in asked if q["metadata"]["relation"] == row.relation]
+        assert row.questions == len(golds)
+        assert row.mean_f1 == pytest.approx(score * golds.count(city) / len(golds))
+        assert row.exact == pytest.approx((score == 1.0) * golds.count(city) / len(golds))
+    assert any(r.mean_f1 > 0 for r in rows) == (score > 0)

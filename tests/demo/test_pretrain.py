@@ -17,6 +17,7 @@ from searchr1.pretrain import (
     RESERVED_TAGS,
     PretrainSettings,
     describe_corpus,
+    mark_text,
     prepare_starting_model,
     pretraining_corpus,
     tag_vocabulary,
@@ -90,6 +91,34 @@ def test_markup_tags_are_declared_never_reserved_and_mark_a_name_of_the_line_abo
     assert layouts == {(False, False), (False, True), (True, False), (True, True)}
 
 
+def test_a_phrase_mark_is_a_piece_of_its_sentence_around_the_name():
+    import random
+
+    line = "Doc 1(Title: Alice Verdan) Alice Verdan was a painter. Alice Verdan was born in Zemoor in 1932."
+    rng = random.Random(0)
+    assert mark_text(line, "Zemoor", False, rng) == "Zemoor"
+    pieces = {mark_text(line, value, True, rng) for value in ("Zemoor", "1932", "painter") for _ in range(40)}
+    for piece in pieces:
+        assert piece in line and ". " not in piece and not piece.endswith(".")
+        assert any(v in piece and piece != v for v in ("Zemoor", "1932", "painter"))
+    assert {"born in Zemoor in 1932", "in 1932", "Zemoor in"} <= pieces
+
+
+def test_phrase_marks_enclose_phrases_of_the_line_above():
+    docs = pretraining_corpus(PretrainSettings(**SMALL, phrase_marks=1.0))
+    marks = 0
+    for doc in (d for d in docs if " between <" in d.split("\n")[0]):
+        for above, line in itertools.pairwise(_text_lines("\n".join(doc.split("\n")[1:]))):
+            m = _TAG_LINE.match(line)
+            if m and m.group(1) == m.group(3):
+                marks += 1
+                assert m.group(2) in above and len(m.group(2).split()) >= 2, (above, line)
+    assert marks > SMALL["markup_pages"]
+    assert pretraining_corpus(PretrainSettings(**SMALL, phrase_marks=0.0)) == pretraining_corpus(
+        PretrainSettings(**SMALL)
+    )
+
+
 def test_tag_names_come_from_the_whole_vocabulary_never_a_reserved_tag():
     from searchr1.models import train_tokenizer
 
@@ -150,9 +179,13 @@ def test_tags_are_split_and_read_the_same_inside_a_line_and_at_its_start(tmp_pat
     assert "<" in inline and "</" in inline and start[0] == "<" and "</" in start
     # a word is the same tokens after a space, after "<" and at a line's start
     word = pieces("kel")
-    assert inline[inline.index("<") + 1 : inline.index("<") + 1 + len(word)] == word == start[1 : 1 + len(word)]
+    assert (
+        inline[inline.index("<") + 1 : inline.index("<") + 1 + len(word)] == word == start[1 : 1 + len(word)]
+    )
     assert " " in inline
-    assert tok.decode(tok("a <kel> b </kel>\n", add_special_tokens=False)["input_ids"]) == "a <kel> b </kel>\n"
+    assert (
+        tok.decode(tok("a <kel> b </kel>\n", add_special_tokens=False)["input_ids"]) == "a <kel> b </kel>\n"
+    )
 
 
 def test_the_marking_tags_of_a_page_take_turns():
@@ -196,7 +229,9 @@ def test_tag_name_targets_train_the_copying_not_the_output_embeddings(tied):
     # tied embeddings: on the rows of tokens that are not in the input, like "answer" here)
     logits = model(input_ids=batch[:, :-1]).logits[0]
     text_only = ~torch.isin(batch[0, :-1], openers)
-    text_loss = F.cross_entropy(logits[text_only], batch[0, 1:][text_only], reduction="sum") / text_only.numel()
+    text_loss = (
+        F.cross_entropy(logits[text_only], batch[0, 1:][text_only], reduction="sum") / text_only.numel()
+    )
     rows = torch.ones(len(head), dtype=torch.bool)
     if tied:
         rows[batch[0]] = False

@@ -201,6 +201,7 @@ def answers_given_passage(
         with torch.no_grad():
             out = model.generate(
                 ids,
+                attention_mask=torch.ones_like(ids),
                 do_sample=True,
                 temperature=1.0,
                 top_k=0,

@@ -117,6 +117,10 @@ class PretrainSettings:
     phrase_marks: float = 0.0
     """Share of the marks of a marked-up page that enclose a phrase of the line (a name or value with
     1-4 neighbouring words) instead of the name or value alone (see ``mark_text``)."""
+    mark_subject: bool = True
+    """Whether a mark may enclose the name a line is about (its first name: the title of a passage);
+    False: a mark encloses one of the line's other distinct names and values, drawn uniformly (the
+    line's first name only when it has no other)."""
     detach_tag_names: bool = True
     """Where the next token is a tag name (after ``<`` or ``</``), the loss trains the copying but
     does not reach the output projection, so that no token is learnt to be, or not to be, a tag name
@@ -127,8 +131,23 @@ class PretrainSettings:
     """Seed of the weights, the corpus order and the batches (not of the worlds' facts)."""
 
     def key(self) -> str:
-        blob = json.dumps(asdict(self), sort_keys=True)
+        """The cache key: these settings and the version of the code that builds the model."""
+        blob = json.dumps({**asdict(self), "code": code_version()}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+CODE_FILES = ("pretrain.py", "models.py", "data/synth.py", "data/prompts.py")
+"""The modules (relative to the package) whose text decides the corpus, the tokenizer and the
+model: a cached starting model built by other versions of them is never reused."""
+
+
+def code_version() -> str:
+    """A hash of the text of ``CODE_FILES``."""
+    package = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for name in CODE_FILES:
+        digest.update(name.encode() + b"\0" + (package / name).read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def _results_page(rows: list[tuple[str, str]]) -> str:
@@ -269,7 +288,11 @@ def mark_text(line: str, mention: str, phrase: bool, rng: random.Random) -> str:
 
 
 def markup_page(
-    lines: list[tuple[str, list[str]]], words: list[str], rng: random.Random, phrase_marks: float = 0.0
+    lines: list[tuple[str, list[str]]],
+    words: list[str],
+    rng: random.Random,
+    phrase_marks: float = 0.0,
+    mark_subject: bool = True,
 ) -> str:
     """A legend declaring 2-3 tags (one of them may wrap whole lines), then each line followed
     by a declared tag around a name or value that occurs in that line; the marking tags take turns
@@ -307,7 +330,11 @@ def markup_page(
         tag = page_tags[turn % len(page_tags)]
         turn += 1
         out.append(shown)
-        mention = rng.choice(found)
+        if mark_subject:
+            mention = rng.choice(found)
+        else:
+            others = sorted(set(found) - {found[0]})
+            mention = rng.choice(others) if others else found[0]
         phrase = phrase_marks > 0 and rng.random() < phrase_marks
         out.append(f"<{tag}> {mark_text(line, mention, phrase, rng)} </{tag}>")
     return gap.join(out)
@@ -405,7 +432,7 @@ def pretraining_corpus(
         # its answer): a question is never followed by its answer
         about = {src.asked[x] for x, _ in picks if x in src.asked}
         picks = [(x, n) for x, n in picks if x in src.asked or not any(e in x for e in about)] or picks[:1]
-        docs.append(markup_page(picks, words, rng, settings.phrase_marks))
+        docs.append(markup_page(picks, words, rng, settings.phrase_marks, settings.mark_subject))
     # no document ends with a line break, so "\n" is never followed by the end-of-text token: a
     # prompt ending in "\n" does not read as a finished document
     docs = [d.rstrip("\n") for d in docs]
@@ -596,6 +623,7 @@ def pretrain(
     manifest = {
         "settings": asdict(settings),
         "key": settings.key(),
+        "code_version": code_version(),
         "documents": len(docs),
         "tokens": len(stream),
         "tokens_seen": total * settings.batch_size * settings.seq_len,

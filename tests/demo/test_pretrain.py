@@ -165,6 +165,20 @@ def test_same_settings_same_weights_and_cache_reuse(tmp_path):
     assert json.loads((other / "pretrain.json").read_text())["settings"]["seed"] == 1
 
 
+def test_a_model_cached_by_other_code_is_rebuilt(tmp_path, monkeypatch):
+    import searchr1.pretrain as pretrain_module
+
+    settings = PretrainSettings(**TINY)
+    built = prepare_starting_model(tmp_path / "m", settings)
+    stamp = (built / "model.safetensors").stat().st_mtime_ns
+    key = settings.key()
+    monkeypatch.setattr(pretrain_module, "code_version", lambda: "edited-code")
+    assert settings.key() != key  # same settings, other code: another cache folder
+    prepare_starting_model(tmp_path / "m", settings)
+    assert (built / "model.safetensors").stat().st_mtime_ns != stamp  # rebuilt, not reused
+    assert json.loads((built / "pretrain.json").read_text())["code_version"] == "edited-code"
+
+
 def test_tags_are_split_and_read_the_same_inside_a_line_and_at_its_start(tmp_path):
     from searchr1.models import load_tokenizer
 

@@ -42,7 +42,7 @@ import math
 import random
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -117,6 +117,10 @@ class PretrainSettings:
     phrase_marks: float = 0.0
     """Share of the marks of a marked-up page that enclose a phrase of the line (a name or value with
     1-4 neighbouring words) instead of the name or value alone (see ``mark_text``)."""
+    kind_legends: float = 0.0
+    """Share of the marking tags whose legend names a kind of value (``put a date between <kel> and
+    </kel>``, see ``KIND_NOUNS``) and whose marks then enclose a value of that kind where the line has
+    one."""
     mark_subject: bool = True
     """Whether a mark may enclose the name a line is about (its first name: the title of a passage);
     False: a mark encloses one of the line's other distinct names and values, drawn uniformly (the
@@ -159,6 +163,14 @@ def _results_page(rows: list[tuple[str, str]]) -> str:
 # ---------------------------------------------------------------------------------------------
 
 _LEGEND_NOUNS = ["a name", "a place", "a date", "a term", "a key word", "a note", "a label", "an entry"]
+KIND_NOUNS = {
+    "date": ["a date", "a year"],
+    "place": ["a place", "a city or a country"],
+    "person": ["a person", "the name of a person"],
+    "occupation": ["an occupation", "a job"],
+    "number": ["a number"],
+}
+"""With ``kind_legends``: what a legend says a tag marks, per kind of value the tag then marks."""
 _LEGEND_PLURALS = ["the lines", "the records", "the entries", "the notes", "the rows", "the items"]
 _EVERYDAY = [
     "A search of the local archives found more about {n}.",
@@ -225,17 +237,36 @@ def tag_vocabulary(tokenizer: Any) -> list[str]:
     return sorted(n for n in names if re.fullmatch(r"[a-z]{2,}", n) and n not in RESERVED_TAGS)
 
 
-def _legend_noun(tag: str, is_word: bool, rng: random.Random) -> str:
+def _legend_noun(tag: str, is_word: bool, rng: random.Random, generic: list[str]) -> str:
     """What the legend says a tag marks: half the time the tag's own word (``put a date between
-    <date>``), else a generic noun."""
+    <date>``), else a noun of ``generic``."""
     if is_word and rng.random() < 0.5:
         return ("an " if tag[0] in "aeiou" else "a ") + tag
-    return rng.choice(_LEGEND_NOUNS)
+    return rng.choice(generic)
 
 
-def _legend(tags: list[str], wrap: str | None, is_word: dict[str, bool], rng: random.Random) -> str:
-    """One line declaring the page's tags, in the style of an instruction."""
-    parts = [f"put {_legend_noun(t, is_word[t], rng)} between <{t}> and </{t}>" for t in tags]
+def _legend(
+    tags: list[str],
+    wrap: str | None,
+    is_word: dict[str, bool],
+    rng: random.Random,
+    kinds: dict[str, str] | None = None,
+) -> str:
+    """One line declaring the page's tags, in the style of an instruction. ``kinds`` (a tag -> the
+    kind of value it marks; ``None``: no kind legends on this corpus) declares those tags with a noun
+    of their kind, and keeps the nouns of kinds away from the other tags (``put a job between <job>``
+    would promise a kind that a generic tag does not keep)."""
+    kind_nouns = {n for nouns in KIND_NOUNS.values() for n in nouns} | {"a place", "a date"}
+    generic = _LEGEND_NOUNS if kinds is None else [n for n in _LEGEND_NOUNS if n not in kind_nouns]
+    parts = []
+    for t in tags:
+        if kinds and t in kinds:
+            noun = rng.choice(KIND_NOUNS[kinds[t]])
+        else:
+            noun = _legend_noun(t, is_word[t], rng, generic)
+            if kinds is not None and noun in kind_nouns:
+                noun = rng.choice(generic)
+        parts.append(f"put {noun} between <{t}> and </{t}>")
     if wrap is not None:
         parts.insert(
             rng.randrange(len(parts) + 1),
@@ -245,7 +276,7 @@ def _legend(tags: list[str], wrap: str | None, is_word: dict[str, bool], rng: ra
     return text[0].upper() + text[1:]
 
 
-def mentions_in(line: str, names: list[str]) -> list[str]:
+def mentions_in(line: str, names: Iterable[str]) -> list[str]:
     """The names and values (longest first, no overlaps) that occur in ``line``."""
     found: list[tuple[int, str]] = []
     taken: list[tuple[int, int]] = []
@@ -288,11 +319,12 @@ def mark_text(line: str, mention: str, phrase: bool, rng: random.Random) -> str:
 
 
 def markup_page(
-    lines: list[tuple[str, list[str]]],
+    lines: list[tuple[str, dict[str, str]]],
     words: list[str],
     rng: random.Random,
     phrase_marks: float = 0.0,
     mark_subject: bool = True,
+    kind_legends: float = 0.0,
 ) -> str:
     """A legend declaring 2-3 tags (one of them may wrap whole lines), then each line followed
     by a declared tag around a name or value that occurs in that line; the marking tags take turns
@@ -317,20 +349,37 @@ def markup_page(
     gap = rng.choice(["\n", "\n\n"])
     inner_break = rng.random() < 0.5
     turn = rng.randrange(len(page_tags))  # the marking tags take turns, from a random one on
-    out = [_legend(page_tags, wrap, is_word, rng)]
-    for line, names in lines:
-        found = mentions_in(line, names)
-        if not found:
-            continue
+    entries = [(line, names, found) for line, names in lines if (found := mentions_in(line, names))]
+    tagged = [page_tags[(turn + i) % len(page_tags)] for i in range(len(entries))]
+    tag_kinds: dict[str, str] = {}
+    if kind_legends > 0:
+        for t in page_tags:
+            if rng.random() >= kind_legends:
+                continue
+            marked = [(names, found) for (_, names, found), u in zip(entries, tagged, strict=True) if u == t]
+            shared = (
+                set.intersection(
+                    *({names.get(m) for m in set(found) - {found[0]}} for names, found in marked)
+                )
+                if marked
+                else set()
+            )
+            shared &= set(KIND_NOUNS)
+            if shared:  # a kind every line this tag marks has (besides the name the line is about)
+                tag_kinds[t] = rng.choice(sorted(shared))
+    out = [_legend(page_tags, wrap, is_word, rng, tag_kinds if kind_legends > 0 else None)]
+    for (line, names, found), tag in zip(entries, tagged, strict=True):
         shown = line
         if rng.random() < 0.3:
             shown = f"{rng.choice(_LINE_LABELS)}: {shown}"
         if wrap is not None and rng.random() < 0.6:
             shown = f"<{wrap}>{shown}{chr(10) if inner_break else ''}</{wrap}>"
-        tag = page_tags[turn % len(page_tags)]
-        turn += 1
         out.append(shown)
-        if mark_subject:
+        if tag in tag_kinds:
+            mention = rng.choice(
+                sorted({m for m in set(found) - {found[0]} if names.get(m) == tag_kinds[tag]})
+            )
+        elif mark_subject:
             mention = rng.choice(found)
         else:
             others = sorted(set(found) - {found[0]})
@@ -345,11 +394,23 @@ def markup_page(
 # ---------------------------------------------------------------------------------------------
 
 
-def _world_names(world: Any) -> list[str]:
-    values = set(world.entities)
+_ATTRIBUTE_KINDS = {
+    "birth_city": "place", "headquarters": "place", "capital": "place", "country": "place",
+    "birth_year": "date", "founded_year": "date", "year": "date",
+    "founder": "person", "author": "person", "occupation": "occupation", "population": "number",
+}  # fmt: skip
+_ENTITY_KINDS = {"person": "person", "city": "place", "country": "place"}
+
+
+def _world_names(world: Any) -> dict[str, str]:
+    """The names and values of ``world`` (longest first) -> their kind (``KIND_NOUNS``'s keys, or
+    ``other``)."""
+    kinds: dict[str, str] = {}
     for e in world.entities.values():
-        values.update(str(v) for v in e.attrs.values())
-    return sorted(values, key=lambda v: (-len(v), v))
+        kinds[e.name] = _ENTITY_KINDS.get(e.kind, "other")
+        for key, value in e.attrs.items():
+            kinds.setdefault(str(value), _ATTRIBUTE_KINDS.get(key, "other"))
+    return {v: kinds[v] for v in sorted(kinds, key=lambda v: (-len(v), v))}
 
 
 @dataclass
@@ -358,7 +419,7 @@ class CorpusSources:
 
     docs: list[str]
     """Passages, result pages and question lists."""
-    lines: list[tuple[str, list[str]]]
+    lines: list[tuple[str, dict[str, str]]]
     """Lines a marked-up page may quote, each with the names and values of its world."""
     asked: dict[str, str]
     """Question line -> the entity it asks about."""
@@ -372,7 +433,7 @@ def corpus_sources(settings: PretrainSettings) -> CorpusSources:
 
     rng = random.Random(settings.seed)
     docs: list[str] = []
-    lines: list[tuple[str, list[str]]] = []
+    lines: list[tuple[str, dict[str, str]]] = []
     asked: dict[str, str] = {}
     for i in range(settings.worlds):
         cfg = SynthConfig(
@@ -432,7 +493,11 @@ def pretraining_corpus(
         # its answer): a question is never followed by its answer
         about = {src.asked[x] for x, _ in picks if x in src.asked}
         picks = [(x, n) for x, n in picks if x in src.asked or not any(e in x for e in about)] or picks[:1]
-        docs.append(markup_page(picks, words, rng, settings.phrase_marks, settings.mark_subject))
+        docs.append(
+            markup_page(
+                picks, words, rng, settings.phrase_marks, settings.mark_subject, settings.kind_legends
+            )
+        )
     # no document ends with a line break, so "\n" is never followed by the end-of-text token: a
     # prompt ending in "\n" does not read as a finished document
     docs = [d.rstrip("\n") for d in docs]

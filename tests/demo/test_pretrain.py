@@ -119,6 +119,62 @@ def test_phrase_marks_enclose_phrases_of_the_line_above():
     )
 
 
+def _pretraining_world_kinds() -> dict[str, str]:
+    from searchr1.pretrain import _world_names
+
+    return _world_names(
+        generate_world(
+            SynthConfig(num_entities=60, filler_sentences=0, seed=PRETRAIN_BASE_SEED, num_train=400,
+                        num_val=1, num_test=1, hop_mix={"single": 1.0})
+        )
+    )  # fmt: skip
+
+
+def _marks(doc: str) -> list[tuple[str, str, str]]:
+    """(legend, line above, tag line) for each mark of a marked-up page."""
+    legend, *rest = doc.split("\n")
+    text = _text_lines("\n".join(rest))
+    return [(legend, above, line) for above, line in itertools.pairwise(text) if _TAG_LINE.match(line)]
+
+
+def test_a_kind_legend_tag_marks_values_of_that_kind():
+    from searchr1.pretrain import KIND_NOUNS, mentions_in
+
+    kinds = _pretraining_world_kinds()
+    noun_kind = {noun: kind for kind, nouns in KIND_NOUNS.items() for noun in nouns}
+    docs = pretraining_corpus(PretrainSettings(**SMALL, kind_legends=1.0))
+    checked: dict[str, int] = {}
+    for doc in (d for d in docs if " between <" in d.split("\n")[0]):
+        for legend, above, line in _marks(doc):
+            tag, value = _TAG_LINE.match(line).group(1, 2)
+            noun = re.search(rf"put (.+?) between <{tag}>", legend, re.IGNORECASE)
+            if noun and noun.group(1) in noun_kind:
+                assert kinds[value] == noun_kind[noun.group(1)], (legend, above, line)
+                assert value != mentions_in(_question_of(above), kinds)[0]  # not the name the line is about
+                checked[noun_kind[noun.group(1)]] = checked.get(noun_kind[noun.group(1)], 0) + 1
+    assert set(checked) == set(KIND_NOUNS) and sum(checked.values()) > 100, checked
+    plain = pretraining_corpus(PretrainSettings(**SMALL))
+    assert not any(re.search(r"put (a city or a country|the name of a person) between", d) for d in plain)
+
+
+def test_without_mark_subject_a_mark_skips_the_name_a_line_is_about():
+    from searchr1.pretrain import mentions_in
+
+    kinds = _pretraining_world_kinds()
+    docs = pretraining_corpus(PretrainSettings(**SMALL, mark_subject=False))
+    subject_marks = other_marks = 0
+    for doc in (d for d in docs if " between <" in d.split("\n")[0]):
+        for _, above, line in _marks(doc):
+            found = mentions_in(above, kinds)
+            value = _TAG_LINE.match(line).group(2)
+            if len(set(found)) > 1:
+                assert value != found[0], (above, line)
+                other_marks += 1
+            else:
+                subject_marks += value == found[0]
+    assert other_marks > 100 and subject_marks > 20
+
+
 def test_tag_names_come_from_the_whole_vocabulary_never_a_reserved_tag():
     from searchr1.models import train_tokenizer
 

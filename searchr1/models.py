@@ -31,7 +31,11 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def train_tokenizer(
-    texts: Iterable[str], vocab_size: int = 2048, min_frequency: int = 2, tag_tokens: bool = True
+    texts: Iterable[str],
+    vocab_size: int = 2048,
+    min_frequency: int = 2,
+    tag_tokens: bool = True,
+    number_tokens: bool = False,
 ) -> Any:
     """Train a byte-level BPE tokenizer on ``texts``.
 
@@ -41,6 +45,11 @@ def train_tokenizer(
     ``<``, ``</`` and every space are tokens of their own, so a word is the same tokens after a space,
     after ``<`` and at the start of a line: ``search`` in ``put a search`` is the ``search`` of
     ``<search>``, and a model can copy a tag or a name from an instruction token for token.
+
+    With ``number_tokens`` every whole number of four digits that occurs ``min_frequency`` times in
+    ``texts`` is one token (added after training, beyond ``vocab_size``; as GPT-2's vocabulary holds
+    most years): a year is then copied in one step, not digit by digit. A longer number may be split
+    after its first four digits (``190000`` -> ``1900`` ``0`` ``0``).
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -63,6 +72,7 @@ def train_tokenizer(
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
+    texts = list(texts)
     tok.train_from_iterator(texts, trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
@@ -72,8 +82,22 @@ def train_tokenizer(
     )
     if tag_tokens:
         fast.add_tokens(list(TAGS))
+    if number_tokens:
+        fast.add_tokens(_number_tokens(texts, min_frequency))
     fast.chat_template = CHATML_TEMPLATE
     return fast
+
+
+def _number_tokens(texts: list[str], min_frequency: int) -> list[Any]:
+    """Whole numbers of four digits seen ``min_frequency`` times, as tokens."""
+    import re
+    from collections import Counter
+
+    from tokenizers import AddedToken
+
+    counts = Counter(n for t in texts for n in re.findall(r"(?<!\d)\d{4}(?!\d)", t))
+    numbers = sorted(n for n, c in counts.items() if c >= min_frequency)
+    return [AddedToken(n, normalized=False) for n in numbers]
 
 
 def tiny_config(vocab_size: int, **overrides: Any) -> Any:

@@ -95,6 +95,10 @@ class PretrainSettings:
     marks a name or a value of that line (see ``markup_page``)."""
     vocab_size: int = 2048
     """BPE vocabulary (tags are split like any text: ``<``, ``name``, ``>``; spaces are tokens)."""
+    number_tokens: bool = False
+    """Every four-digit number of the corpus (the years) is one token, added beyond ``vocab_size``
+    (``searchr1.models.train_tokenizer``): a 2-layer model copies one token far more reliably than
+    four digits."""
     hidden_size: int = 128
     """Width of the decoder."""
     num_layers: int = 2
@@ -628,7 +632,10 @@ def pretrain(
     t0 = time.perf_counter()
     sources = corpus_sources(settings)
     tokenizer = train_tokenizer(
-        pretraining_corpus(settings, sources=sources), vocab_size=settings.vocab_size, tag_tokens=False
+        pretraining_corpus(settings, sources=sources),
+        vocab_size=settings.vocab_size,
+        tag_tokens=False,
+        number_tokens=settings.number_tokens,
     )
     docs = pretraining_corpus(settings, tag_names=tag_vocabulary(tokenizer), sources=sources)
     stream = _token_stream(docs, tokenizer)

@@ -29,3 +29,21 @@ def test_missing_folder_is_a_clear_error(tmp_path):
         load_model(tmp_path / "nope")
     with pytest.raises(ValueError, match=r"model\.dtype"):
         load_model(tmp_path, dtype="float8")
+
+
+def test_number_tokens_make_each_year_one_token():
+    from searchr1.models import train_tokenizer
+
+    years = [str(y) for y in range(1800, 1960, 7)]
+    texts = [f"Ilse was born in {y}; the town has 507000 inhabitants." for y in years] * 2
+    whole = train_tokenizer(texts, vocab_size=280, tag_tokens=False, number_tokens=True)
+    for year in years:
+        assert [whole.decode([i]) for i in whole(f"in {year}.", add_special_tokens=False).input_ids][-2:] == [
+            year,
+            ".",
+        ]
+    assert whole.convert_tokens_to_ids("507000") in (None, whole.unk_token_id)  # only four-digit numbers
+    plain = train_tokenizer(texts, vocab_size=280, tag_tokens=False)
+    assert sum(len(plain(y, add_special_tokens=False).input_ids) > 1 for y in years) > len(years) // 2
+    for text in ("born in 1801.", "507000 people", "<answer> 1947 </answer>"):
+        assert whole.decode(whole(text, add_special_tokens=False).input_ids) == text

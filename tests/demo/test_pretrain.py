@@ -322,3 +322,14 @@ def test_the_worlds_are_built_once_for_both_corpora():
         fresh = pretraining_corpus(settings, tag_names=tags)
         assert pretraining_corpus(settings, tag_names=tags, sources=sources) == fresh
         assert pretraining_corpus(settings, tag_names=tags, sources=sources) == fresh
+
+
+def test_number_tokens_reach_the_starting_model(tmp_path):
+    from searchr1.models import load_model, load_tokenizer
+
+    folder = prepare_starting_model(tmp_path / "m", PretrainSettings(**TINY, number_tokens=True))
+    tokenizer, model = load_tokenizer(folder), load_model(folder)
+    years = [t for t in tokenizer.get_added_vocab() if re.fullmatch(r"\d{4}", t)]
+    assert len(years) > 10 and model.get_input_embeddings().num_embeddings >= len(tokenizer)
+    year = years[0]
+    assert tokenizer.decode(tokenizer(f"in {year}.", add_special_tokens=False).input_ids) == f"in {year}."

@@ -125,6 +125,9 @@ class PretrainSettings:
     """Share of the marking tags whose legend names a kind of value (``put a date between <kel> and
     </kel>``, see ``KIND_NOUNS``) and whose marks then enclose a value of that kind where the line has
     one."""
+    two_marking_tags: bool = False
+    """Every marked-up page has two marking tags (which take turns; half the pages add a wrapping
+    tag), as the demo has ``search`` and ``answer``; False: a quarter of the pages have one."""
     mark_subject: bool = True
     """Whether a mark may enclose the name a line is about (its first name: the title of a passage);
     False: a mark encloses one of the line's other distinct names and values, drawn uniformly (the
@@ -329,6 +332,7 @@ def markup_page(
     phrase_marks: float = 0.0,
     mark_subject: bool = True,
     kind_legends: float = 0.0,
+    two_marking_tags: bool = False,
 ) -> str:
     """A legend declaring 2-3 tags (one of them may wrap whole lines), then each line followed
     by a declared tag around a name or value that occurs in that line; the marking tags take turns
@@ -349,7 +353,10 @@ def markup_page(
         tag, is_word[tag] = tag_name(rng, words)
         if tag not in page_tags:
             page_tags.append(tag)
-    wrap = page_tags.pop() if len(page_tags) == 3 or rng.random() < 0.5 else None
+    if two_marking_tags:  # two tags mark, a third (on half the pages) wraps lines
+        wrap = page_tags.pop() if len(page_tags) == 3 else None
+    else:
+        wrap = page_tags.pop() if len(page_tags) == 3 or rng.random() < 0.5 else None
     gap = rng.choice(["\n", "\n\n"])
     inner_break = rng.random() < 0.5
     turn = rng.randrange(len(page_tags))  # the marking tags take turns, from a random one on
@@ -499,7 +506,13 @@ def pretraining_corpus(
         picks = [(x, n) for x, n in picks if x in src.asked or not any(e in x for e in about)] or picks[:1]
         docs.append(
             markup_page(
-                picks, words, rng, settings.phrase_marks, settings.mark_subject, settings.kind_legends
+                picks,
+                words,
+                rng,
+                phrase_marks=settings.phrase_marks,
+                mark_subject=settings.mark_subject,
+                kind_legends=settings.kind_legends,
+                two_marking_tags=settings.two_marking_tags,
             )
         )
     # no document ends with a line break, so "\n" is never followed by the end-of-text token: a

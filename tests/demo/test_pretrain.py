@@ -175,6 +175,15 @@ def test_without_mark_subject_a_mark_skips_the_name_a_line_is_about():
     assert other_marks > 100 and subject_marks > 20
 
 
+def test_two_marking_tags_on_every_page_when_asked():
+    def marking_tags(settings: PretrainSettings) -> list[int]:
+        legends = [d.split("\n")[0] for d in pretraining_corpus(settings) if " between <" in d.split("\n")[0]]
+        return [len(re.findall(r"put .+? between <", x, re.IGNORECASE)) for x in legends]
+
+    assert set(marking_tags(PretrainSettings(**SMALL, two_marking_tags=True))) == {2}
+    assert set(marking_tags(PretrainSettings(**SMALL))) == {1, 2}
+
+
 def test_tag_names_come_from_the_whole_vocabulary_never_a_reserved_tag():
     from searchr1.models import train_tokenizer
 

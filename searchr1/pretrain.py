@@ -554,11 +554,30 @@ def describe_corpus(settings: PretrainSettings) -> str:
             "demo's tags (search, information, answer, think) never occur. Training windows start at a "
             "document's start"
         )
+        options = []
+        if settings.two_marking_tags:
+            options.append("every page has two marking tags")
+        if settings.kind_legends:
+            options.append(
+                f"{settings.kind_legends:.0%} of the marking tags are declared with a kind of value ('a date', "
+                "'a place', 'a person', 'an occupation', 'a number') and mark values of that kind where every "
+                "line they mark has one"
+            )
+        if not settings.mark_subject:
+            options.append("a mark never encloses the name a line is about when the line has another")
+        if settings.phrase_marks:
+            options.append(
+                f"{settings.phrase_marks:.0%} of the marks enclose a phrase of 2-7 words around the name"
+            )
         if settings.detach_tag_names:
             parts[-1] += (
                 "; where the next token is a tag name the loss does not reach the output projection "
                 "(it learns to copy a tag name, not which words are tag names)"
             )
+        if options:
+            parts.append("in the marked-up pages, " + ", ".join(options))
+    if settings.number_tokens:
+        parts.append("the tokenizer has one token per four-digit number of the corpus (the years)")
     return (
         "Self-supervised next-token prediction on "
         + "; ".join(parts)

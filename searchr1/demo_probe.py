@@ -145,18 +145,24 @@ class AnswerShare:
 
 
 def passage_context(template: str, question: str, entity: str, passage: str) -> str:
-    """The demo's context after a search for ``entity`` that returned ``passage``, ending at
-    ``<answer>``: the prompt, ``<search> entity </search>``, the information block."""
+    """The demo's context after a first turn that was exactly ``<search> entity </search>`` and
+    returned ``passage`` (titled ``entity``), ending with the ``<answer>`` tag put in the model's
+    mouth: the prompt, the search, the information block, ``<answer>``."""
     from searchr1.data.prompts import fill_template, format_observation_docs, wrap_information
+    from searchr1.retrieval.base import Hit
 
-    docs = format_observation_docs([_hit(entity, passage)])
+    docs = format_observation_docs([Hit(id=entity, title=entity, text=passage, score=0.0)])
     return f"{fill_template(template, question)}<search> {entity} </search>{wrap_information(docs)}<answer>"
 
 
-def _hit(title: str, text: str) -> Any:
-    from searchr1.retrieval.base import Hit
+def answer_of(continuation: str) -> str | None:
+    """The answer the demo's rollout and reward read from a turn that begins with ``<answer>`` and
+    continues with ``continuation``: the turn ends at its first closing tag; ``None`` (no reward)
+    when that is not ``</answer>`` or there is none."""
+    from searchr1.rollout.actions import parse_action
 
-    return Hit(id=title, title=title, text=text, score=0.0)
+    action = parse_action("<answer>" + continuation)
+    return action.content if action.kind == "answer" else None
 
 
 def answers_given_passage(
@@ -164,36 +170,38 @@ def answers_given_passage(
     seed: int = 0,
     questions: int = 200,
     samples: int = 8,
-    max_tokens: int = 20,
+    max_turn_tokens: int = 20,
     world: dict[str, Any] | None = None,
 ) -> list[AnswerShare]:
     """Exploration per kind of question: for ``questions`` single-hop training questions of world
-    ``seed``, show the model the passage of the asked entity as if its search had returned it, sample
-    ``samples`` answers (temperature 1) and score them against the gold answer (F1 and exact match),
-    averaged per relation (``birth_year``, ``occupation``, ...). RL can only learn a kind of question
-    whose answers are sometimes right here. ``world``: the demo's ``SynthConfig`` knobs (default the
-    demo's); an answer left unclosed after ``max_tokens`` scores 0, as in the demo."""
+    ``seed``, show the model the passage of the asked entity as if its search had returned it, put
+    ``<answer>`` in its mouth, sample ``samples`` continuations (temperature 1) of the rest of the
+    turn (``max_turn_tokens`` less the tag's tokens, as in the demo) and score the answers against
+    the gold answer (F1 and exact match; see ``answer_of``), averaged per relation (``birth_year``,
+    ``occupation``, ...). RL can only learn a kind of question whose answers are sometimes right
+    here. ``world``: the demo's ``SynthConfig`` knobs (default the demo's)."""
     import torch
 
     from searchr1.data.synth import SynthConfig, generate_world
     from searchr1.learning_demo import DemoSettings
     from searchr1.models import load_model, load_tokenizer
     from searchr1.pretrain import DEMO_INSTRUCTION
+    from searchr1.retrieval.corpus import split_contents
     from searchr1.rewards.text import exact_match, f1_score
 
     model, tokenizer = load_model(model_dir), load_tokenizer(model_dir)
     model.eval()
-    world_knobs = DemoSettings().world if world is None else world
-    generated = generate_world(SynthConfig(seed=seed, **world_knobs))
+    generated = generate_world(SynthConfig(seed=seed, **(DemoSettings().world if world is None else world)))
     passage: dict[str, str] = {}
     for row in generated.corpus:
-        title, _, text = row["contents"].partition("\n")
-        passage.setdefault(title.strip('"'), text)  # an entity's first passage holds its attributes
-    scores: dict[str, list[tuple[float, float]]] = {}
-    torch.manual_seed(seed)
+        title, text = split_contents(row["contents"])
+        passage.setdefault(title, text)  # an entity's first passage holds its attributes
     asked = [q for q in generated.splits["train"] if q["metadata"]["type"] == "single"][:questions]
     if not asked:
         raise ValueError("no single-hop training questions to ask")
+    budget = max_turn_tokens - len(tokenizer("<answer>", add_special_tokens=False).input_ids)
+    scores: dict[str, list[tuple[float, float]]] = {}
+    torch.manual_seed(seed)
     for q in asked:
         entity = q["metadata"]["hops"][0]
         context = passage_context(DEMO_INSTRUCTION, q["question"], entity, passage[entity])
@@ -206,14 +214,11 @@ def answers_given_passage(
                 temperature=1.0,
                 top_k=0,
                 top_p=1.0,
-                max_new_tokens=max_tokens,
+                max_new_tokens=budget,
                 pad_token_id=tokenizer.eos_token_id,
             )
         for row in out[:, ids.shape[1] :]:
-            text = tokenizer.decode(row, skip_special_tokens=True)
-            answer = (
-                text.split("</answer>")[0].strip() if "</answer>" in text else None
-            )  # unclosed: no reward
+            answer = answer_of(tokenizer.decode(row, skip_special_tokens=True))
             gold = q["golden_answers"]
             scores.setdefault(q["metadata"]["relation"], []).append(
                 (f1_score(answer, gold), exact_match(answer, gold))
@@ -225,6 +230,7 @@ def answers_given_passage(
 
 
 def format_answer_shares(rows: Sequence[AnswerShare], samples: int) -> str:
+    """The per-kind table that ``searchr1 demo --probe`` prints."""
     lines = [f"answers sampled ({samples} per question) when the asked entity's passage is shown:"]
     lines += [
         f"  {r.relation:16s} {r.questions:4d} questions  F1 {r.mean_f1:.3f}  exact {r.exact:6.1%}"

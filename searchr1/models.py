@@ -46,7 +46,7 @@ def train_tokenizer(
     after ``<`` and at the start of a line: ``search`` in ``put a search`` is the ``search`` of
     ``<search>``, and a model can copy a tag or a name from an instruction token for token.
 
-    With ``number_tokens`` every whole number of four digits that occurs ``min_frequency`` times in
+    With ``number_tokens`` every whole number of four digits that occurs at least ``min_frequency`` times in
     ``texts`` is one token (added after training, beyond ``vocab_size``; as GPT-2's vocabulary holds
     most years): a year is then copied in one step, not digit by digit. A longer number may be split
     after its first four digits (``190000`` -> ``1900`` ``0`` ``0``).

@@ -96,7 +96,7 @@ class PretrainSettings:
     vocab_size: int = 2048
     """BPE vocabulary (tags are split like any text: ``<``, ``name``, ``>``; spaces are tokens)."""
     number_tokens: bool = False
-    """Every four-digit number of the corpus (the years) is one token, added beyond ``vocab_size``
+    """Every four-digit number of the corpus (years, and populations of a few thousand) is one token, added beyond ``vocab_size``
     (``searchr1.models.train_tokenizer``): a 2-layer model copies one token far more reliably than
     four digits."""
     hidden_size: int = 128
@@ -120,11 +120,13 @@ class PretrainSettings:
     loss enters with weight ``COPY_WEIGHT``."""
     phrase_marks: float = 0.0
     """Share of the marks of a marked-up page that enclose a phrase of the line (a name or value with
-    1-4 neighbouring words) instead of the name or value alone (see ``mark_text``)."""
+    1-6 words of its sentence, at most 3 on each side) instead of the name or value alone (see
+    ``mark_text``; a phrase may hold the name the line is about; kind-legend marks are never phrases)."""
     kind_legends: float = 0.0
-    """Share of the marking tags whose legend names a kind of value (``put a date between <kel> and
-    </kel>``, see ``KIND_NOUNS``) and whose marks then enclose a value of that kind where the line has
-    one."""
+    """Chance that a marking tag is declared with a kind of value (``put a date between <kel> and
+    </kel>``, see ``KIND_NOUNS``) and then marks values of that kind: granted only when every line the
+    tag marks has a value of one kind besides the name the line is about, so the share of such tags is
+    well below this number."""
     two_marking_tags: bool = False
     """Every marked-up page has two marking tags (which take turns; half the pages add a wrapping
     tag), as the demo has ``search`` and ``answer``; False: a quarter of the pages have one."""
@@ -178,6 +180,9 @@ KIND_NOUNS = {
     "number": ["a number"],
 }
 """With ``kind_legends``: what a legend says a tag marks, per kind of value the tag then marks."""
+_KIND_WORDS = {"date", "year", "place", "city", "country", "person", "occupation", "job", "number"}
+"""With ``kind_legends``, a tag that marks any value is never declared with these words
+(``put a city between <city>`` would promise a kind the tag does not keep)."""
 _LEGEND_PLURALS = ["the lines", "the records", "the entries", "the notes", "the rows", "the items"]
 _EVERYDAY = [
     "A search of the local archives found more about {n}.",
@@ -194,6 +199,9 @@ results, information, answer) are ordinary words of the language, never tag name
 _LINE_LABELS = ["Line", "Entry", "Record", "Note", "Item", "Text", "Source"]
 
 
+_SYLLABLE_ONSETS = ["b", "c", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "st"]  # fmt: skip
+
+
 def tag_name(rng: random.Random, words: list[str]) -> tuple[str, bool]:
     """A tag name for one page: two times in three one of ``words`` (as in ``<title>`` or ``<date>``:
     after ``<`` any word may come, so a tag is known only by copying it from the page's legend),
@@ -201,27 +209,7 @@ def tag_name(rng: random.Random, words: list[str]) -> tuple[str, bool]:
     name and whether it was drawn from ``words``."""
     if words and rng.random() < 2 / 3:
         return rng.choice(words), True
-    onsets = [
-        "b",
-        "c",
-        "d",
-        "f",
-        "g",
-        "h",
-        "k",
-        "l",
-        "m",
-        "n",
-        "p",
-        "r",
-        "s",
-        "t",
-        "v",
-        "z",
-        "br",
-        "dr",
-        "st",
-    ]
+    onsets = _SYLLABLE_ONSETS
     while True:
         word = "".join(rng.choice(onsets) + rng.choice("aeiou") for _ in range(rng.randint(1, 3)))
         word += rng.choice(["", "", "l", "n", "r", "s", "m", "k"])
@@ -263,15 +251,16 @@ def _legend(
     kind of value it marks; ``None``: no kind legends on this corpus) declares those tags with a noun
     of their kind, and keeps the nouns of kinds away from the other tags (``put a job between <job>``
     would promise a kind that a generic tag does not keep)."""
-    kind_nouns = {n for nouns in KIND_NOUNS.values() for n in nouns} | {"a place", "a date"}
-    generic = _LEGEND_NOUNS if kinds is None else [n for n in _LEGEND_NOUNS if n not in kind_nouns]
+    generic = (
+        _LEGEND_NOUNS if kinds is None else [n for n in _LEGEND_NOUNS if n.split()[-1] not in _KIND_WORDS]
+    )
     parts = []
     for t in tags:
         if kinds and t in kinds:
             noun = rng.choice(KIND_NOUNS[kinds[t]])
         else:
             noun = _legend_noun(t, is_word[t], rng, generic)
-            if kinds is not None and noun in kind_nouns:
+            if kinds is not None and noun.split()[-1] in _KIND_WORDS:
                 noun = rng.choice(generic)
         parts.append(f"put {noun} between <{t}> and </{t}>")
     if wrap is not None:
@@ -360,26 +349,28 @@ def markup_page(
     gap = rng.choice(["\n", "\n\n"])
     inner_break = rng.random() < 0.5
     turn = rng.randrange(len(page_tags))  # the marking tags take turns, from a random one on
-    entries = [(line, names, found) for line, names in lines if (found := mentions_in(line, names))]
+    # each line that names something, with its mentions and the values besides the name it is about
+    entries = [
+        (line, names, found, sorted(set(found) - {found[0]}))
+        for line, names in lines
+        if (found := mentions_in(line, names))
+    ]
     tagged = [page_tags[(turn + i) % len(page_tags)] for i in range(len(entries))]
     tag_kinds: dict[str, str] = {}
     if kind_legends > 0:
         for t in page_tags:
             if rng.random() >= kind_legends:
                 continue
-            marked = [(names, found) for (_, names, found), u in zip(entries, tagged, strict=True) if u == t]
-            shared = (
-                set.intersection(
-                    *({names.get(m) for m in set(found) - {found[0]}} for names, found in marked)
-                )
-                if marked
-                else set()
-            )
-            shared &= set(KIND_NOUNS)
+            kinds_per_line = [
+                {names[m] for m in others}
+                for (_, names, _, others), u in zip(entries, tagged, strict=True)
+                if u == t
+            ]
+            shared = set.intersection(*kinds_per_line) & set(KIND_NOUNS) if kinds_per_line else set()
             if shared:  # a kind every line this tag marks has (besides the name the line is about)
                 tag_kinds[t] = rng.choice(sorted(shared))
     out = [_legend(page_tags, wrap, is_word, rng, tag_kinds if kind_legends > 0 else None)]
-    for (line, names, found), tag in zip(entries, tagged, strict=True):
+    for (line, names, found, others), tag in zip(entries, tagged, strict=True):
         shown = line
         if rng.random() < 0.3:
             shown = f"{rng.choice(_LINE_LABELS)}: {shown}"
@@ -387,15 +378,12 @@ def markup_page(
             shown = f"<{wrap}>{shown}{chr(10) if inner_break else ''}</{wrap}>"
         out.append(shown)
         if tag in tag_kinds:
-            mention = rng.choice(
-                sorted({m for m in set(found) - {found[0]} if names.get(m) == tag_kinds[tag]})
-            )
+            mention = rng.choice([m for m in others if names[m] == tag_kinds[tag]])
         elif mark_subject:
             mention = rng.choice(found)
         else:
-            others = sorted(set(found) - {found[0]})
             mention = rng.choice(others) if others else found[0]
-        phrase = phrase_marks > 0 and rng.random() < phrase_marks
+        phrase = tag not in tag_kinds and phrase_marks > 0 and rng.random() < phrase_marks
         out.append(f"<{tag}> {mark_text(line, mention, phrase, rng)} </{tag}>")
     return gap.join(out)
 
@@ -415,7 +403,7 @@ _ENTITY_KINDS = {"person": "person", "city": "place", "country": "place"}
 
 def _world_names(world: Any) -> dict[str, str]:
     """The names and values of ``world`` (longest first) -> their kind (``KIND_NOUNS``'s keys, or
-    ``other``)."""
+    ``other``; a value of two kinds, such as a population that equals a year, keeps the first seen)."""
     kinds: dict[str, str] = {}
     for e in world.entities.values():
         kinds[e.name] = _ENTITY_KINDS.get(e.kind, "other")
@@ -559,15 +547,15 @@ def describe_corpus(settings: PretrainSettings) -> str:
             options.append("every page has two marking tags")
         if settings.kind_legends:
             options.append(
-                f"{settings.kind_legends:.0%} of the marking tags are declared with a kind of value ('a date', "
-                "'a place', 'a person', 'an occupation', 'a number') and mark values of that kind where every "
-                "line they mark has one"
+                f"a marking tag is declared, with chance {settings.kind_legends:.0%} where every line it marks "
+                "allows, with a kind of value ('a date', 'a place', 'a person', 'an occupation', 'a number') "
+                "and then marks values of that kind"
             )
         if not settings.mark_subject:
             options.append("a mark never encloses the name a line is about when the line has another")
         if settings.phrase_marks:
             options.append(
-                f"{settings.phrase_marks:.0%} of the marks enclose a phrase of 2-7 words around the name"
+                f"{settings.phrase_marks:.0%} of the other marks enclose a name or value with 1-6 words of its sentence"
             )
         if settings.detach_tag_names:
             parts[-1] += (

@@ -42,7 +42,7 @@ def test_number_tokens_make_each_year_one_token():
             year,
             ".",
         ]
-    assert whole.convert_tokens_to_ids("507000") in (None, whole.unk_token_id)  # only four-digit numbers
+    assert "507000" not in whole.get_added_vocab() and set(years) <= set(whole.get_added_vocab())
     plain = train_tokenizer(texts, vocab_size=280, tag_tokens=False)
     assert sum(len(plain(y, add_special_tokens=False).input_ids) > 1 for y in years) > len(years) // 2
     for text in ("born in 1801.", "507000 people", "<answer> 1947 </answer>"):

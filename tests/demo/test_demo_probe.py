@@ -7,7 +7,7 @@ import json
 import pytest
 from tiny_pretrain import TINY_PRETRAIN
 
-from searchr1.demo_probe import answers_given_passage, passage_context, probe_policy, summarise
+from searchr1.demo_probe import answer_of, answers_given_passage, passage_context, probe_policy, summarise
 from searchr1.learning_demo import DemoSettings, main
 from searchr1.rollout.types import Trajectory
 
@@ -81,20 +81,42 @@ def test_demo_probe_flag_writes_probe_json(tmp_path, monkeypatch, capsys):
 
 
 def test_passage_context_is_the_rollouts_context_after_a_search():
-    context = passage_context(
-        "Q: {question}\n", "Where was Ann Lee born", "Ann Lee", "Ann Lee was born in Zemoor."
+    from searchr1.data.prompts import fill_template, format_observation_docs, wrap_information
+    from searchr1.retrieval.base import Hit
+
+    template, question = "Q: {question}\n", "Where was Ann Lee born"
+    context = passage_context(template, question, "Ann Lee", "Ann Lee was born in Zemoor.")
+    # the rollout: the prompt, the model's turn, the observation of the hit it got, the next turn
+    observation = wrap_information(
+        format_observation_docs([Hit("d1", "Ann Lee", "Ann Lee was born in Zemoor.", 1.0)])
     )
-    assert context == (
-        "Q: Where was Ann Lee born?\n<search> Ann Lee </search>\n\n<information>Doc 1(Title: Ann Lee) "
-        "Ann Lee was born in Zemoor.\n</information>\n\n<answer>"
+    assert (
+        context == fill_template(template, question) + "<search> Ann Lee </search>" + observation + "<answer>"
+    )
+    assert context.startswith(
+        "Q: Where was Ann Lee born?\n<search> Ann Lee </search>\n\n<information>Doc 1(Title: Ann Lee)"
     )
 
 
-class _Writes:
-    """A stand-in language model that always writes the same text (a scripted policy)."""
+@pytest.mark.parametrize(
+    ("continuation", "answer"),
+    [
+        (" Zemoor </answer>", "Zemoor"),
+        (" <answer> Zemoor </answer>", "Zemoor"),  # a re-opened tag: the last opening counts
+        (" Kalvania <answer> Zemoor </answer>", "Zemoor"),
+        (" Zemoor </search> <answer> x </answer>", None),  # the turn ends at </search>: no answer
+        (" Zemoor", None),  # unclosed
+    ],
+)
+def test_answer_of_reads_a_turn_as_the_rollout_does(continuation, answer):
+    assert answer_of(continuation) == answer
+
+
+class _ScriptedModel:
+    """A stand-in language model that always writes the same text, and records what it was shown."""
 
     def __init__(self, tokenizer, text: str):
-        self.tokenizer, self.text = tokenizer, text
+        self.tokenizer, self.text, self.shown = tokenizer, text, []
 
     def eval(self):
         return self
@@ -102,28 +124,45 @@ class _Writes:
     def generate(self, ids, **_):
         import torch
 
+        self.shown.append(self.tokenizer.decode(ids[0]))
         tail = torch.tensor(self.tokenizer(self.text, add_special_tokens=False).input_ids)
         return torch.cat([ids, tail.expand(ids.shape[0], -1)], dim=1)
 
 
-@pytest.mark.parametrize(
-    ("text", "score"), [(" {city} </answer>", 1.0), (" born in {city} </answer>", 0.5), (" {city}", 0.0)]
-)
-def test_answers_given_passage_scores_each_kind_of_question(tmp_path, monkeypatch, text, score):
-    """A scripted policy that answers every question with one city scores, per kind of question,
-    the share whose gold answer is that city (half as much, F1 0.5, for a three-word answer holding
-    it; nothing for an unclosed answer)."""
-    import searchr1.models as models
-    from searchr1.data.synth import SynthConfig, generate_world
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
     from searchr1.pretrain import pretrain
 
-    model_dir = pretrain(tmp_path / "model", TINY_PRETRAIN)
+    return pretrain(tmp_path_factory.mktemp("probe") / "model", TINY_PRETRAIN)
+
+
+@pytest.mark.parametrize(
+    ("text", "score"),
+    [
+        (" {city} </answer>", 1.0),
+        (" born in {city} </answer>", 0.5),
+        (" {city}", 0.0),
+        (" {city} </search>", 0.0),
+    ],
+)
+def test_answers_given_passage_scores_each_kind_of_question(tiny_model_dir, monkeypatch, text, score):
+    """A scripted policy that answers every question with one city scores, per kind of question,
+    the share whose gold answer is that city (half as much, F1 0.5, for a three-word answer holding
+    it; nothing for an unclosed answer or a turn that ends another way); it is shown each question's
+    context with the asked entity's passage."""
+    import searchr1.models as models
+    from searchr1.data.synth import SynthConfig, generate_world
+    from searchr1.pretrain import DEMO_INSTRUCTION
+    from searchr1.retrieval.corpus import split_contents
+
     knobs = {"num_entities": 40, "hop_mix": {"single": 1.0}}
-    asked = generate_world(SynthConfig(seed=3, **knobs)).splits["train"][:30]
+    world = generate_world(SynthConfig(seed=3, **knobs))
+    asked = world.splits["train"][:30]
     city = next(q["golden_answers"][0] for q in asked if q["metadata"]["relation"] == "birth_city")
-    tokenizer = models.load_tokenizer(model_dir)
-    monkeypatch.setattr(models, "load_model", lambda _: _Writes(tokenizer, text.format(city=city)))
-    rows = answers_given_passage(model_dir, seed=3, questions=30, samples=2, world=knobs)
+    tokenizer = models.load_tokenizer(tiny_model_dir)
+    scripted = _ScriptedModel(tokenizer, text.format(city=city))
+    monkeypatch.setattr(models, "load_model", lambda _: scripted)
+    rows = answers_given_passage(tiny_model_dir, seed=3, questions=30, samples=2, world=knobs)
     assert sum(r.questions for r in rows) == 30
     for row in rows:
         golds = [q["golden_answers"][0] for q in asked if q["metadata"]["relation"] == row.relation]
@@ -131,3 +170,8 @@ def test_answers_given_passage_scores_each_kind_of_question(tmp_path, monkeypatc
         assert row.mean_f1 == pytest.approx(score * golds.count(city) / len(golds))
         assert row.exact == pytest.approx((score == 1.0) * golds.count(city) / len(golds))
     assert any(r.mean_f1 > 0 for r in rows) == (score > 0)
+    first = asked[0]["metadata"]["hops"][0]
+    passage = next(
+        split_contents(r["contents"])[1] for r in world.corpus if split_contents(r["contents"])[0] == first
+    )
+    assert scripted.shown[0] == passage_context(DEMO_INSTRUCTION, asked[0]["question"], first, passage)

@@ -114,9 +114,6 @@ def test_phrase_marks_enclose_phrases_of_the_line_above():
                 marks += 1
                 assert m.group(2) in above and len(m.group(2).split()) >= 2, (above, line)
     assert marks > SMALL["markup_pages"]
-    assert pretraining_corpus(PretrainSettings(**SMALL, phrase_marks=0.0)) == pretraining_corpus(
-        PretrainSettings(**SMALL)
-    )
 
 
 def _pretraining_world_kinds() -> dict[str, str]:
@@ -182,6 +179,16 @@ def test_two_marking_tags_on_every_page_when_asked():
 
     assert set(marking_tags(PretrainSettings(**SMALL, two_marking_tags=True))) == {2}
     assert set(marking_tags(PretrainSettings(**SMALL))) == {1, 2}
+
+
+def test_the_default_corpus_is_the_one_the_shipped_model_was_built_from():
+    """The optional page settings (off by default) leave the default corpus byte for byte as it was
+    when the shipped starting model was measured (commit b9cef50); change this hash only with a new
+    recipe, measured."""
+    import hashlib
+
+    docs = pretraining_corpus(PretrainSettings(worlds=4, markup_pages=3000))
+    assert hashlib.sha256("\x00".join(docs).encode()).hexdigest()[:16] == "9a690eff0ed1959d"
 
 
 def test_tag_names_come_from_the_whole_vocabulary_never_a_reserved_tag():

@@ -96,9 +96,9 @@ class PretrainSettings:
     vocab_size: int = 2048
     """BPE vocabulary (tags are split like any text: ``<``, ``name``, ``>``; spaces are tokens)."""
     number_tokens: bool = False
-    """Every four-digit number of the corpus (years, and populations of a few thousand) is one token, added beyond ``vocab_size``
-    (``searchr1.models.train_tokenizer``): a 2-layer model copies one token far more reliably than
-    four digits."""
+    """Every four-digit number of the corpus (years, and populations of a few thousand) is one
+    token, added beyond ``vocab_size`` (``searchr1.models.train_tokenizer``): a 2-layer model copies
+    one token far more reliably than four digits."""
     hidden_size: int = 128
     """Width of the decoder."""
     num_layers: int = 2

@@ -512,7 +512,8 @@ def add_arguments(parser: Any) -> None:
         default=0,
         metavar="N",
         help="only sample the starting model's rollouts on N training questions (no RL) and print how "
-        "often it searches, answers and earns reward",
+        "often it searches, answers and earns reward, and how often its answers are right per kind of "
+        "question when shown the right passage (4N questions)",
     )
     parser.add_argument("overrides", nargs="*", help="extra dotted key=value overrides of the RL config")
 

@@ -29,9 +29,14 @@ This module builds the tiny CPU analogue, deterministically, from nothing downlo
    loss does not reach the output projection (``detach_tag_names``): the model learns to copy a tag
    name from the legend, not a list of which words are tag names.
 
+Options, off by default and measured in the README's round-5 table (none lifted the demo's result):
+``phrase_marks``, ``mark_subject``, ``kind_legends``, ``two_marking_tags`` (marked-up pages) and
+``number_tokens`` (tokenizer).
+
 The result is an ordinary Hugging Face folder with a ``pretrain.json`` manifest (settings, corpus
 statistics, loss curve, the exact statement of what the model saw). ``prepare_starting_model``
-reuses a folder whose manifest has the same settings (same settings -> identical weights).
+reuses a folder whose manifest has the same key: the same settings and the same code
+(``code_version``); same settings and code -> identical weights.
 """
 
 from __future__ import annotations

@@ -72,7 +72,8 @@ def train_tokenizer(
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    texts = list(texts)
+    if number_tokens:
+        texts = list(texts)  # read twice: by the trainer and for the numbers
     tok.train_from_iterator(texts, trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,

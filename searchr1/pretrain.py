@@ -323,15 +323,13 @@ def markup_page(
     lines: list[tuple[str, dict[str, str]]],
     words: list[str],
     rng: random.Random,
-    phrase_marks: float = 0.0,
-    mark_subject: bool = True,
-    kind_legends: float = 0.0,
-    two_marking_tags: bool = False,
+    settings: PretrainSettings | None = None,
 ) -> str:
     """A legend declaring 2-3 tags (one of them may wrap whole lines), then each line followed
     by a declared tag around a name or value that occurs in that line; the marking tags take turns
     in the legend's order, from a random one on (``lines`` pairs a line with the names and values of
-    its world; ``words`` are the words a tag may be named after)::
+    its world; ``words`` are the words a tag may be named after; ``settings`` chooses the page
+    options, default none)::
 
         Put a name between <kel> and </kel>; the notes come between <dor> and </dor>.
         <dor>Doc 1(Title: Grenon Foundry) Grenon Foundry is a foundry based in Zemoor.</dor>
@@ -340,6 +338,7 @@ def markup_page(
     Pages vary in layout as real pages do: lines are separated by one line break or by a blank line,
     and a wrapped line may keep its own line break before the closing tag.
     """
+    style = settings or PretrainSettings()
     count = rng.randint(2, 3)
     page_tags: list[str] = []
     is_word: dict[str, bool] = {}
@@ -347,7 +346,7 @@ def markup_page(
         tag, is_word[tag] = tag_name(rng, words)
         if tag not in page_tags:
             page_tags.append(tag)
-    if two_marking_tags:  # two tags mark, a third (on half the pages) wraps lines
+    if style.two_marking_tags:  # two tags mark, a third (on half the pages) wraps lines
         wrap = page_tags.pop() if len(page_tags) == 3 else None
     else:
         wrap = page_tags.pop() if len(page_tags) == 3 or rng.random() < 0.5 else None
@@ -362,9 +361,9 @@ def markup_page(
     ]
     tagged = [page_tags[(turn + i) % len(page_tags)] for i in range(len(entries))]
     tag_kinds: dict[str, str] = {}
-    if kind_legends > 0:
+    if style.kind_legends > 0:
         for t in page_tags:
-            if rng.random() >= kind_legends:
+            if rng.random() >= style.kind_legends:
                 continue
             kinds_per_line = [
                 {names[m] for m in others}
@@ -374,7 +373,7 @@ def markup_page(
             shared = set.intersection(*kinds_per_line) & set(KIND_NOUNS) if kinds_per_line else set()
             if shared:  # a kind every line this tag marks has (besides the name the line is about)
                 tag_kinds[t] = rng.choice(sorted(shared))
-    out = [_legend(page_tags, wrap, is_word, rng, tag_kinds if kind_legends > 0 else None)]
+    out = [_legend(page_tags, wrap, is_word, rng, tag_kinds if style.kind_legends > 0 else None)]
     for (line, names, found, others), tag in zip(entries, tagged, strict=True):
         shown = line
         if rng.random() < 0.3:
@@ -384,11 +383,11 @@ def markup_page(
         out.append(shown)
         if tag in tag_kinds:
             mention = rng.choice([m for m in others if names[m] == tag_kinds[tag]])
-        elif mark_subject:
+        elif style.mark_subject:
             mention = rng.choice(found)
         else:
             mention = rng.choice(others) if others else found[0]
-        phrase = tag not in tag_kinds and phrase_marks > 0 and rng.random() < phrase_marks
+        phrase = tag not in tag_kinds and style.phrase_marks > 0 and rng.random() < style.phrase_marks
         out.append(f"<{tag}> {mark_text(line, mention, phrase, rng)} </{tag}>")
     return gap.join(out)
 
@@ -497,17 +496,7 @@ def pretraining_corpus(
         # its answer): a question is never followed by its answer
         about = {src.asked[x] for x, _ in picks if x in src.asked}
         picks = [(x, n) for x, n in picks if x in src.asked or not any(e in x for e in about)] or picks[:1]
-        docs.append(
-            markup_page(
-                picks,
-                words,
-                rng,
-                phrase_marks=settings.phrase_marks,
-                mark_subject=settings.mark_subject,
-                kind_legends=settings.kind_legends,
-                two_marking_tags=settings.two_marking_tags,
-            )
-        )
+        docs.append(markup_page(picks, words, rng, settings))
     # no document ends with a line break, so "\n" is never followed by the end-of-text token: a
     # prompt ending in "\n" does not read as a finished document
     docs = [d.rstrip("\n") for d in docs]
@@ -655,6 +644,7 @@ def pretrain(
 
     out = Path(out_dir)
     t0 = time.perf_counter()
+    key, code = settings.key(), code_version()  # the code this run imported, not what is on disk at its end
     sources = corpus_sources(settings)
     tokenizer = train_tokenizer(
         pretraining_corpus(settings, sources=sources),
@@ -719,8 +709,8 @@ def pretrain(
     tokenizer.save_pretrained(tmp)
     manifest = {
         "settings": asdict(settings),
-        "key": settings.key(),
-        "code_version": code_version(),
+        "key": key,
+        "code_version": code,
         "documents": len(docs),
         "tokens": len(stream),
         "tokens_seen": total * settings.batch_size * settings.seq_len,

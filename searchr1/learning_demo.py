@@ -219,6 +219,9 @@ def one_run(
     return {
         "before": _overall(before),
         "after": _overall(after),
+        "by_relation": em_by_relation(
+            test, out / "eval_before" / "trajectories.jsonl", out / "eval_after" / "trajectories.jsonl"
+        ),
         "reward_first": curve[0] if curve else math.nan,
         "reward_last": curve[-1] if curve else math.nan,
         "reward_curve": curve,
@@ -226,6 +229,44 @@ def one_run(
         "plots": result.get("plots", []),
         "seconds": time.perf_counter() - t0,
     }
+
+
+def em_by_relation(samples: list[dict], before: Path, after: Path) -> dict[str, dict[str, float]]:
+    """EM before and after per kind of question (a sample's ``metadata.relation``: ``birth_city``,
+    ``founder`` ...), from the two evaluations' trajectory files (records carry the sample's
+    ``index``): what RL taught, kind by kind."""
+    out: dict[str, dict[str, float]] = {}
+    records = {
+        label: {r["index"]: r for r in _read_jsonl(path)}
+        for label, path in (("before", before), ("after", after))
+    }
+    for i, sample in enumerate(samples):
+        relation = sample.get("metadata", {}).get("relation", "unknown")
+        row = out.setdefault(relation, {"questions": 0, "em_before": 0.0, "em_after": 0.0})
+        row["questions"] += 1
+        for label, recs in records.items():
+            row[f"em_{label}"] += float(recs[i]["scores"]["em"]) if i in recs else 0.0
+    for row in out.values():
+        row["em_before"] /= row["questions"]
+        row["em_after"] /= row["questions"]
+    return dict(sorted(out.items()))
+
+
+def format_by_relation(summary: dict[str, Any]) -> str:
+    """Right answers per kind of question, summed over the seeds' search runs, before -> after."""
+    totals: dict[str, list[float]] = {}
+    for row in summary["seeds"].values():
+        for relation, r in row.get("runs", {}).get("search", {}).get("by_relation", {}).items():
+            t = totals.setdefault(relation, [0, 0.0, 0.0])
+            t[0] += r["questions"]
+            t[1] += r["em_before"] * r["questions"]
+            t[2] += r["em_after"] * r["questions"]
+    lines = [
+        f"  {rel:20s} {round(b):3d} -> {round(a):3d} of {n:3d}" for rel, (n, b, a) in sorted(totals.items())
+    ]
+    return "\n".join(
+        ["right answers per kind of question (search runs, all seeds), before -> after:", *lines]
+    )
 
 
 def reward_curve(metrics_path: Path, window: int = 5) -> list[float]:
@@ -433,6 +474,8 @@ def print_report(summary: dict[str, Any], out: Path, log: Callable[[str], None] 
             f"search disabled:        EM {m['no_search_em_before']:.3f} -> {m['no_search_em_after']:.3f} "
             f"(gain {m['no_search_em_after'] - m['no_search_em_before']:+.3f})"
         )
+    if any("by_relation" in r.get("runs", {}).get("search", {}) for r in summary["seeds"].values()):
+        log(format_by_relation(summary))
     first = next(iter(summary["seeds"]), None)
     if first is not None:
         before, after = example_trajectories(out / f"seed_{first}" / "search")

@@ -8,7 +8,14 @@ from dataclasses import replace
 import pytest
 from tiny_pretrain import TINY_PRETRAIN
 
-from searchr1.learning_demo import DemoSettings, NoSearch, format_results, run_learning_demo
+from searchr1.learning_demo import (
+    DemoSettings,
+    NoSearch,
+    em_by_relation,
+    format_by_relation,
+    format_results,
+    run_learning_demo,
+)
 
 TINY_RL = [
     "trainer.total_steps=2",
@@ -43,6 +50,37 @@ def test_tiny_run_writes_the_summary_with_both_runs(tmp_path):
         assert all(hits == [] for hits in json.loads(line)["documents"])
     assert "what_it_saw" in summary["starting_model"]
     assert "search disabled" in format_results(summary)
+    # per kind of question: every test question counted once, EM as the overall one
+    by_relation = runs["search"]["by_relation"]
+    assert sum(r["questions"] for r in by_relation.values()) == 4
+    for when in ("before", "after"):
+        weighted = sum(r[f"em_{when}"] * r["questions"] for r in by_relation.values()) / 4
+        assert weighted == pytest.approx(row[f"em_{when}"])
+
+
+def _record(index: int, em: float) -> str:
+    return json.dumps({"index": index, "scores": {"em": em}}) + "\n"
+
+
+def test_em_by_relation_joins_questions_and_trajectories_by_index(tmp_path):
+    samples = [{"metadata": {"relation": r}} for r in ("founder", "birth_city", "founder", "birth_city")]
+    before, after = tmp_path / "before.jsonl", tmp_path / "after.jsonl"
+    before.write_text(_record(0, 0.0) + _record(1, 1.0) + _record(2, 0.0) + _record(3, 0.0))
+    after.write_text(_record(3, 1.0) + _record(2, 1.0) + _record(0, 1.0) + _record(1, 0.0))  # any order
+    table = em_by_relation(samples, before, after)
+    assert table == {
+        "birth_city": {"questions": 2, "em_before": 0.5, "em_after": 0.5},
+        "founder": {"questions": 2, "em_before": 0.0, "em_after": 1.0},
+    }
+    summary = {
+        "seeds": {
+            "0": {"runs": {"search": {"by_relation": table}}},
+            "1": {"runs": {"search": {"by_relation": table}}},
+        }
+    }
+    text = format_by_relation(summary)
+    assert "founder" in text and "0 ->   4 of   4" in text
+    assert "birth_city" in text and "2 ->   2 of   4" in text
 
 
 @pytest.mark.slow

@@ -29,9 +29,10 @@ This module builds the tiny CPU analogue, deterministically, from nothing downlo
    loss does not reach the output projection (``detach_tag_names``): the model learns to copy a tag
    name from the legend, not a list of which words are tag names.
 
-Options, off by default and measured in the README's round-5 table (none lifted the demo's result):
-``phrase_marks``, ``mark_subject``, ``kind_legends``, ``two_marking_tags`` (marked-up pages) and
-``number_tokens`` (tokenizer).
+Options, off by default and measured in the README's round-5 and round-6 tables (none lifted the
+demo's result): ``phrase_marks``, ``mark_subject``, ``kind_legends``, ``two_marking_tags`` (marked-up
+pages), ``number_tokens`` (tokenizer), ``copy_spans`` and ``copy_alphabet`` (the copy task: the default
+one teaches copying from a fixed distance only, ``copy_accuracy`` measures it).
 
 The result is an ordinary Hugging Face folder with a ``pretrain.json`` manifest (settings, corpus
 statistics, loss curve, the exact statement of what the model saw). ``prepare_starting_model``
@@ -123,6 +124,16 @@ class PretrainSettings:
     copy_rows: int = 24
     """Rows of random strings written twice added to every corpus step (keeps the copying); their
     loss enters with weight ``COPY_WEIGHT``."""
+    copy_spans: bool = False
+    """False: the copied strings are written twice, always ``COPY_RUN`` tokens apart (``copy_batch``;
+    the shipped model learnt to copy from exactly that distance back, and copies nothing else);
+    True: a span recurs at a random distance within random tokens and only its repeat is scored
+    (``copy_span_batch``): only matching the tokens before it predicts it (an induction head)."""
+    copy_alphabet: int = 0
+    """0: the copied strings draw from every token of the corpus (a token rarely repeats within one,
+    so the token after its earlier occurrence is the next one); k > 1: each string draws from its
+    own 2..k tokens, so the model must match the last few tokens, not the last one, to copy (as it
+    must to copy a year's digits or a name's word pieces from a passage)."""
     phrase_marks: float = 0.0
     """Share of the marks of a marked-up page that enclose a phrase of the line (a name or value with
     1-6 words of its sentence, at most 3 on each side) instead of the name or value alone (see
@@ -508,9 +519,19 @@ def describe_corpus(settings: PretrainSettings) -> str:
     """The exact statement of what the starting model saw (for the README and the run report)."""
     parts = []
     if settings.copy_warmup_steps or settings.copy_rows:
+        drawn = "drawn uniformly from the tokens the corpus uses: no word order, no fact"
+        if settings.copy_alphabet > 1:
+            drawn = (
+                f"each from its own 2-{settings.copy_alphabet} tokens of the corpus: no word order, no fact"
+            )
+        task = (
+            f"rows of {2 * COPY_RUN} random tokens ({drawn}) in which a span of 4-{COPY_RUN} tokens recurs "
+            "0-3 tokens after itself, only the repeat scored"
+            if settings.copy_spans
+            else f"random strings of {COPY_RUN} tokens ({drawn}) written twice"
+        )
         parts.append(
-            f"a copy warm-up: {settings.copy_warmup_steps} steps of random strings of {COPY_RUN} tokens "
-            "(drawn uniformly from the tokens the corpus uses: no word order, no fact) written twice, and "
+            f"a copy warm-up: {settings.copy_warmup_steps} steps of {task}, and "
             f"{settings.copy_rows} such rows in every later step with weight {COPY_WEIGHT}"
         )
     parts.append(
@@ -598,13 +619,56 @@ def _lr_at(step: int, total: int, peak: float) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def copy_batch(rows: int, run: int, ids: torch.Tensor, eos: int, gen: torch.Generator) -> torch.Tensor:
-    """``rows`` rows of a random string (``run`` tokens drawn uniformly from ``ids``, the tokens that
-    occur in the corpus: no word order and no fact) written twice, then the end-of-text token."""
+def _random_tokens(
+    rows: int, length: int, ids: torch.Tensor, gen: torch.Generator, alphabet: int = 0
+) -> torch.Tensor:
+    """``rows`` x ``length`` tokens drawn uniformly from ``ids``; ``alphabet`` > 1: each row from its
+    own 2..``alphabet`` tokens of ``ids`` (tokens repeat within a row)."""
     import torch
 
-    x = ids[torch.randint(0, len(ids), (rows, run), generator=gen)]
+    if alphabet > 1:
+        sizes = torch.randint(2, alphabet + 1, (rows, 1), generator=gen)
+        letters = ids[torch.randint(0, len(ids), (rows, alphabet), generator=gen)]
+        return letters.gather(1, (torch.rand(rows, length, generator=gen) * sizes).long())
+    return ids[torch.randint(0, len(ids), (rows, length), generator=gen)]
+
+
+def copy_batch(
+    rows: int, run: int, ids: torch.Tensor, eos: int, gen: torch.Generator, alphabet: int = 0
+) -> torch.Tensor:
+    """``rows`` rows of a random string (``run`` tokens drawn uniformly from ``ids``, the tokens that
+    occur in the corpus: no word order and no fact) written twice, then the end-of-text token.
+    Every row repeats at the same distance, ``run`` tokens back: a model may learn that offset
+    instead of matching tokens (see ``copy_span_batch``). ``alphabet``: see ``_random_tokens``."""
+    import torch
+
+    x = _random_tokens(rows, run, ids, gen, alphabet)
     return torch.cat([x, x, torch.full((rows, 1), eos)], dim=1)
+
+
+def copy_span_batch(
+    rows: int, run: int, ids: torch.Tensor, eos: int, gen: torch.Generator, alphabet: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of ``2 * run`` random tokens (see ``_random_tokens``) in which a span of 4..``run``
+    tokens recurs right after itself or 1-3 tokens later, at a random place; then the end-of-text
+    token. Returns the rows and the targets of the next-token loss: the repeat's tokens after its
+    first, ``-100`` (ignored) elsewhere. The distance between the two copies varies from row to row,
+    so only finding where the last tokens occurred before and copying what followed them (an
+    induction head) predicts the repeat, as copying a name or a year from a passage needs."""
+    import torch
+
+    width = 2 * run
+    x = _random_tokens(rows, width, ids, gen, alphabet)
+    targets = torch.full((rows, width), -100, dtype=torch.long)
+    gaps = torch.randint(0, 4, (rows,), generator=gen).tolist()
+    for r, gap in enumerate(gaps):
+        length = int(torch.randint(4, (width - gap) // 2 + 1, (1,), generator=gen))
+        first = int(torch.randint(0, width - 2 * length - gap + 1, (1,), generator=gen))
+        again = first + length + gap
+        x[r, again : again + length] = x[r, first : first + length]
+        # each repeated token after the first is the target at the position before it
+        targets[r, again : again + length - 1] = x[r, again + 1 : again + length]
+    return torch.cat([x, torch.full((rows, 1), eos)], dim=1), targets
 
 
 def _next_token_loss(model: Any, batch: torch.Tensor) -> torch.Tensor:
@@ -612,6 +676,37 @@ def _next_token_loss(model: Any, batch: torch.Tensor) -> torch.Tensor:
 
     logits = model(input_ids=batch[:, :-1]).logits
     return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+
+
+def _copy_loss(model: Any, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The next-token loss on ``copy_span_batch`` rows, where targets are not ``-100``."""
+    import torch
+
+    logits = model(input_ids=tokens[:, :-1]).logits
+    return torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100
+    )
+
+
+def _copy_step_loss(
+    model: Any, settings: PretrainSettings, rows: int, ids: torch.Tensor, eos: int, gen: torch.Generator
+) -> torch.Tensor:
+    """The copy loss of one step: ``rows`` rows of the settings' copy task."""
+    if settings.copy_spans:
+        return _copy_loss(model, *copy_span_batch(rows, COPY_RUN, ids, eos, gen, settings.copy_alphabet))
+    return _next_token_loss(model, copy_batch(rows, COPY_RUN, ids, eos, gen, settings.copy_alphabet))
+
+
+def copy_accuracy(model: Any, ids: torch.Tensor, eos: int, rows: int = 256, seed: int = 0) -> float:
+    """How often the model's most likely next token is right on the repeats of ``copy_span_batch``
+    rows (a fixed seed): 1.0 copies any span from any distance, ~0 copies nothing."""
+    import torch
+
+    tokens, targets = copy_span_batch(rows, COPY_RUN, ids, eos, torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        predicted = model(input_ids=tokens[:, :-1]).logits.argmax(-1)
+    scored = targets != -100
+    return float((predicted[scored] == targets[scored]).float().mean())
 
 
 def _corpus_loss(model: Any, batch: torch.Tensor, tag_openers: torch.Tensor | None) -> torch.Tensor:
@@ -683,7 +778,7 @@ def pretrain(
         for group in opt.param_groups:
             group["lr"] = _lr_at(step, total, settings.lr)
         if step < settings.copy_warmup_steps:
-            loss = _next_token_loss(model, copy_batch(warmup_rows, COPY_RUN, vocab_ids, eos, gen))
+            loss = _copy_step_loss(model, settings, warmup_rows, vocab_ids, eos, gen)
             copy_losses.append(float(loss.detach()))
             lm_loss = None
         else:
@@ -691,8 +786,8 @@ def pretrain(
             batch = torch.stack([stream[s : s + settings.seq_len + 1] for s in starts.tolist()])
             loss = lm_loss = _corpus_loss(model, batch, tag_openers)
             if settings.copy_rows:
-                copies = copy_batch(settings.copy_rows, COPY_RUN, vocab_ids, eos, gen)
-                loss = loss + COPY_WEIGHT * _next_token_loss(model, copies)
+                copy_loss = _copy_step_loss(model, settings, settings.copy_rows, vocab_ids, eos, gen)
+                loss = loss + COPY_WEIGHT * copy_loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -719,6 +814,7 @@ def pretrain(
         "loss_last": sum(losses[-20:]) / len(losses[-20:]),
         "losses_every_10": losses[::10],
         "copy_warmup_loss_last": copy_losses[-1] if copy_losses else None,
+        "copy_accuracy": copy_accuracy(model, vocab_ids, eos),
         "seconds": time.perf_counter() - t0,
         "what_it_saw": describe_corpus(settings),
     }

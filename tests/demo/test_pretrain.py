@@ -16,6 +16,9 @@ from searchr1.pretrain import (
     PRETRAIN_BASE_SEED,
     RESERVED_TAGS,
     PretrainSettings,
+    copy_accuracy,
+    copy_batch,
+    copy_span_batch,
     describe_corpus,
     mark_text,
     prepare_starting_model,
@@ -230,11 +233,16 @@ def test_same_settings_same_weights_and_cache_reuse(tmp_path):
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
     manifest = json.loads((a / "pretrain.json").read_text())
     assert manifest["loss_last"] < manifest["loss_first"]
+    assert 0.0 <= manifest["copy_accuracy"] <= 1.0
     stamp = (a / "model.safetensors").stat().st_mtime_ns
     assert prepare_starting_model(tmp_path / "a", PretrainSettings(**TINY)) == a
     assert (a / "model.safetensors").stat().st_mtime_ns == stamp  # reused, not rebuilt
     other = prepare_starting_model(tmp_path / "a", PretrainSettings(**{**TINY, "seed": 1}))
     assert json.loads((other / "pretrain.json").read_text())["settings"]["seed"] == 1
+    spans = prepare_starting_model(tmp_path / "c", PretrainSettings(**{**TINY, "copy_spans": True}))
+    ws = load_file(str(spans / "model.safetensors"))
+    assert any(not torch.equal(wa[k], ws[k]) for k in wa)  # the copy task reaches the weights
+    assert "recurs" in json.loads((spans / "pretrain.json").read_text())["what_it_saw"]
 
 
 def test_a_model_cached_by_other_code_is_rebuilt(tmp_path, monkeypatch):
@@ -349,3 +357,62 @@ def test_number_tokens_reach_the_starting_model(tmp_path):
     assert len(years) > 10 and model.get_input_embeddings().num_embeddings >= len(tokenizer)
     year = years[0]
     assert tokenizer.decode(tokenizer(f"in {year}.", add_special_tokens=False).input_ids) == f"in {year}."
+
+
+def test_copy_strings_from_a_small_alphabet_repeat_tokens_and_are_written_twice():
+    ids = torch.arange(100, 600)
+    gen = torch.Generator().manual_seed(0)
+    batch = copy_batch(64, 24, ids, eos=1, gen=gen, alphabet=5)
+    assert batch.shape == (64, 49)
+    first, second = batch[:, :24], batch[:, 24:48]
+    assert torch.equal(first, second) and bool((batch[:, 48] == 1).all())
+    sizes = [len(set(row.tolist())) for row in first]
+    assert max(sizes) <= 5 and min(sizes) >= 1 and set(first.flatten().tolist()) <= set(ids.tolist())
+    # the whole vocabulary (the default): tokens rarely repeat within a string
+    wide = copy_batch(64, 24, ids, eos=1, gen=gen)[:, :24]
+    assert sum(len(set(row.tolist())) for row in wide) / 64 > 20
+
+
+def test_copy_spans_recur_at_varying_distances_and_only_the_repeat_is_scored():
+    ids = torch.arange(100, 2000)
+    tokens, targets = copy_span_batch(200, 24, ids, eos=1, gen=torch.Generator().manual_seed(0))
+    assert tokens.shape == (200, 49) and targets.shape == (200, 48) and bool((tokens[:, -1] == 1).all())
+    distances = set()
+    for row, target in zip(tokens.tolist(), targets.tolist(), strict=True):
+        scored = [i for i, t in enumerate(target) if t != -100]
+        assert scored == list(range(scored[0], scored[-1] + 1)) and len(scored) >= 3
+        assert all(target[i] == row[i + 1] for i in scored)  # the target is the next token
+        start, end = scored[0], scored[-1] + 2  # the repeat: its first token and the scored ones
+        span = row[start:end]
+        earlier = [d for d in range(len(span), start + 1) if row[start - d : end - d] == span]
+        assert earlier and min(earlier) - len(span) <= 3  # right after the first copy, or 1-3 later
+        distances.add(min(earlier))
+    assert len(distances) > 10  # no fixed offset predicts the repeats
+
+
+class _Copier(torch.nn.Module):
+    """Scores one next token per position: the token after the last earlier occurrence of the
+    current one (an ideal induction head), or with ``offset`` the token ``offset - 1`` back (what a
+    model trained only on strings written twice ``offset`` tokens apart may learn instead)."""
+
+    def __init__(self, vocab: int, offset: int = 0) -> None:
+        super().__init__()
+        self.vocab, self.offset = vocab, offset
+
+    def forward(self, input_ids):
+        logits = torch.zeros(*input_ids.shape, self.vocab)
+        for r, row in enumerate(input_ids.tolist()):
+            last: dict[int, int] = {}
+            for i, t in enumerate(row):
+                if self.offset and i >= self.offset - 1:
+                    logits[r, i, row[i - self.offset + 1]] = 1.0
+                elif not self.offset and t in last:
+                    logits[r, i, row[last[t] + 1]] = 1.0
+                last[t] = i
+        return type("Out", (), {"logits": logits})()
+
+
+def test_copy_accuracy_tells_an_induction_head_from_a_fixed_offset():
+    ids = torch.arange(100, 2000)
+    assert copy_accuracy(_Copier(2000), ids, eos=1, rows=64) > 0.95
+    assert copy_accuracy(_Copier(2000, offset=24), ids, eos=1, rows=64) < 0.2

@@ -47,10 +47,25 @@ def resolve_model(model: str | None) -> str:
     return model  # type: ignore[return-value]
 
 
-def model_label(model: str | None) -> str:
-    """The model name recorded in manifests (the bundled default gets its short name)."""
+def _located(model: str | None) -> str:
+    """A local encoder folder as an absolute path (any spelling of it, from any working directory);
+    anything else (a hub id) as given."""
     resolved = resolve_model(model)
-    return DEFAULT_MODEL if resolved == default_model_path() else str(model)
+    path = Path(resolved).expanduser()
+    return str(path.resolve()) if path.exists() else resolved
+
+
+def model_label(model: str | None) -> str:
+    """The model name recorded in manifests: the bundled default's short name, a local folder's
+    absolute path (so the index loads its encoder from any working directory), else a hub id."""
+    located = _located(model)
+    return DEFAULT_MODEL if located == _located(None) else located
+
+
+def same_encoder(model: str | None, recorded: str) -> bool:
+    """Whether ``model`` names the encoder a manifest recorded (a folder may be spelled relative or
+    absolute; manifests written before folders were recorded absolute hold the spelling used then)."""
+    return model_label(model) == recorded or _located(model) == _located(recorded)
 
 
 def prefixes_for(model_path: str, prompts: dict[str, str]) -> tuple[str, str]:

@@ -147,11 +147,11 @@ def check_manifest(
                 f"(sha256 {manifest.corpus_sha256[:12]}…), {corpus} has sha256 {digest[:12]}…; rebuild the index"
             )
     if model is not None:
-        from searchr1.retrieval.dense import model_label
+        from searchr1.retrieval.dense import model_label, same_encoder
 
         if manifest.retriever != "dense":
             raise IndexLoadError(f"index {folder} is a {manifest.retriever} index; it has no encoder model")
-        if model_label(model) != manifest.model:
+        if not same_encoder(model, manifest.model):
             raise IndexLoadError(
                 f"index {folder} was built with encoder {manifest.model!r}, not {model_label(model)!r}; "
                 "query vectors would not match the passage vectors"

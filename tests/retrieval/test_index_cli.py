@@ -53,6 +53,30 @@ def test_dense_index_records_model_and_refuses_another(corpus_file, tmp_path, en
         load_index(tmp_path / "dense", model="intfloat/e5-base-v2")
 
 
+def test_a_dense_index_built_with_a_relative_encoder_path_loads_from_anywhere(
+    corpus_file, docs, tmp_path, monkeypatch
+):
+    import shutil
+
+    from searchr1.retrieval.dense import default_model_path
+
+    work = tmp_path / "work"
+    shutil.copytree(default_model_path(), work / "enc")  # a local encoder folder, not the bundled one
+    small = tmp_path / "small.jsonl"
+    small.write_text("".join(corpus_file.read_text().splitlines(keepends=True)[:20]))
+    monkeypatch.chdir(work)
+    m = build_index(
+        small, tmp_path / "dense", retriever="dense", model="enc", show_progress=False, device="cpu"
+    )
+    assert m.model == str((work / "enc").resolve())
+    monkeypatch.chdir(tmp_path)  # another working directory: "enc" means nothing here
+    retriever = load_index(tmp_path / "dense")  # the encoder named by the manifest
+    assert retriever.search([docs[3].title], 1)[0][0].id == docs[3].id
+    load_index(tmp_path / "dense", model="work/enc")  # the same folder spelled from here: accepted
+    with pytest.raises(IndexLoadError, match="built with encoder"):
+        load_index(tmp_path / "dense", model="all-MiniLM-L6-v2")  # same weights, another encoder name
+
+
 def test_chunked_build_and_skip_bad_lines(tmp_path):
     corpus = tmp_path / "c.jsonl"
     corpus.write_text(

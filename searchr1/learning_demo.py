@@ -231,17 +231,17 @@ def one_run(
     }
 
 
-def em_by_relation(samples: list[dict], before: Path, after: Path) -> dict[str, dict[str, float]]:
+def em_by_relation(samples: list[dict], before: Path, after: Path) -> dict[str, dict[str, Any]]:
     """EM before and after per kind of question (a sample's ``metadata.relation``: ``birth_city``,
     ``founder`` ...), from the two evaluations' trajectory files (records carry the sample's
-    ``index``): what RL taught, kind by kind."""
-    out: dict[str, dict[str, float]] = {}
+    ``index``; a question with no record counts as wrong): what RL taught, kind by kind."""
+    out: dict[str, dict[str, Any]] = {}
     records = {
         label: {r["index"]: r for r in _read_jsonl(path)}
         for label, path in (("before", before), ("after", after))
     }
     for i, sample in enumerate(samples):
-        relation = sample.get("metadata", {}).get("relation", "unknown")
+        relation = (sample.get("metadata") or {}).get("relation", "unknown")
         row = out.setdefault(relation, {"questions": 0, "em_before": 0.0, "em_after": 0.0})
         row["questions"] += 1
         for label, recs in records.items():

@@ -128,12 +128,14 @@ class PretrainSettings:
     """False: the copied strings are written twice, always ``COPY_RUN`` tokens apart (``copy_batch``;
     the shipped model learnt to copy from exactly that distance back, and copies nothing else);
     True: a span recurs at a random distance within random tokens and only its repeat is scored
-    (``copy_span_batch``): only matching the tokens before it predicts it (an induction head)."""
+    (``copy_span_batch``): only matching the tokens before it predicts it (an induction head). The
+    copying forms only after about 300 steps of that task: pair it with ``copy_warmup_steps=400``
+    (the default 120 steps formed none)."""
     copy_alphabet: int = 0
     """0: the copied strings draw from every token of the corpus (a token rarely repeats within one,
-    so the token after its earlier occurrence is the next one); k > 1: each string draws from its
-    own 2..k tokens, so the model must match the last few tokens, not the last one, to copy (as it
-    must to copy a year's digits or a name's word pieces from a passage)."""
+    so the token after its earlier occurrence is the next one); k > 1: each string draws from at
+    most 2..k tokens of its own, so the model must match the last few tokens, not the last one, to
+    copy (as it must to copy a year's digits or a name's word pieces from a passage)."""
     phrase_marks: float = 0.0
     """Share of the marks of a marked-up page that enclose a phrase of the line (a name or value with
     1-6 words of its sentence, at most 3 on each side) instead of the name or value alone (see
@@ -158,6 +160,12 @@ class PretrainSettings:
     """Peak learning rate (linear warm-up over 5% of the steps, cosine decay to 10%)."""
     seed: int = 0
     """Seed of the weights, the corpus order and the batches (not of the worlds' facts)."""
+
+    def __post_init__(self) -> None:
+        if self.copy_alphabet < 0 or self.copy_alphabet == 1:
+            raise ValueError(
+                f"copy_alphabet must be 0 (the whole vocabulary) or at least 2, got {self.copy_alphabet}"
+            )
 
     def key(self) -> str:
         """The cache key: these settings and the version of the code that builds the model."""
@@ -623,7 +631,8 @@ def _random_tokens(
     rows: int, length: int, ids: torch.Tensor, gen: torch.Generator, alphabet: int = 0
 ) -> torch.Tensor:
     """``rows`` x ``length`` tokens drawn uniformly from ``ids``; ``alphabet`` > 1: each row from its
-    own 2..``alphabet`` tokens of ``ids`` (tokens repeat within a row)."""
+    own 2..``alphabet`` draws of ``ids`` (with replacement: at most that many distinct tokens, which
+    repeat within the row)."""
     import torch
 
     if alphabet > 1:
@@ -651,12 +660,15 @@ def copy_span_batch(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows of ``2 * run`` random tokens (see ``_random_tokens``) in which a span of 4..``run``
     tokens recurs right after itself or 1-3 tokens later, at a random place; then the end-of-text
-    token. Returns the rows and the targets of the next-token loss: the repeat's tokens after its
-    first, ``-100`` (ignored) elsewhere. The distance between the two copies varies from row to row,
+    token (never scored: it only closes the row as a document). Returns the rows and the targets of
+    the next-token loss (one per input position): the repeat's tokens after its first, ``-100``
+    (ignored) elsewhere. ``run`` must be at least 6. The distance between the two copies varies from row to row,
     so only finding where the last tokens occurred before and copying what followed them (an
     induction head) predicts the repeat, as copying a name or a year from a passage needs."""
     import torch
 
+    if run < 6:
+        raise ValueError(f"copy_span_batch needs run >= 6 (a span of 4 tokens, twice, and a gap), got {run}")
     width = 2 * run
     x = _random_tokens(rows, width, ids, gen, alphabet)
     targets = torch.full((rows, width), -100, dtype=torch.long)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -48,11 +49,12 @@ def resolve_model(model: str | None) -> str:
 
 
 def _located(model: str | None) -> str:
-    """A local encoder folder as an absolute path (any spelling of it, from any working directory);
+    """A local encoder folder as an absolute path (any spelling of it, from any working directory;
+    symbolic links are kept, not followed, since the folder's name chooses e5's prefixes);
     anything else (a hub id) as given."""
     resolved = resolve_model(model)
-    path = Path(resolved).expanduser()
-    return str(path.resolve()) if path.exists() else resolved
+    path = os.path.abspath(os.path.expanduser(resolved))
+    return path if os.path.exists(path) else resolved
 
 
 def model_label(model: str | None) -> str:
@@ -64,7 +66,8 @@ def model_label(model: str | None) -> str:
 
 def same_encoder(model: str | None, recorded: str) -> bool:
     """Whether ``model`` names the encoder a manifest recorded (a folder may be spelled relative or
-    absolute; manifests written before folders were recorded absolute hold the spelling used then)."""
+    absolute). Manifests written before folders were recorded absolute hold the spelling used then:
+    a relative one matches only from a working directory where it names the same folder."""
     return model_label(model) == recorded or _located(model) == _located(recorded)
 
 

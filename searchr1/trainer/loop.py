@@ -568,7 +568,9 @@ class RLTrainer:
             }
 
             def write(folder: Path) -> None:
-                components.save_policy(self.policy, self.tokenizer, folder, lora=self.lora, state_dict=policy_sd)
+                components.save_policy(
+                    self.policy, self.tokenizer, folder, lora=self.lora, state_dict=policy_sd
+                )
                 if self.reference is not None and self.algo.ref_policy == "ema":
                     components.save_plain(self.reference, folder / "reference", self.dist)
                 if self.critic is not None:

@@ -58,7 +58,7 @@ def test_a_dense_index_built_with_a_relative_encoder_path_loads_from_anywhere(
 ):
     import shutil
 
-    from searchr1.retrieval.dense import default_model_path
+    from searchr1.retrieval.dense import default_model_path, model_label
 
     work = tmp_path / "work"
     shutil.copytree(default_model_path(), work / "enc")  # a local encoder folder, not the bundled one
@@ -75,6 +75,9 @@ def test_a_dense_index_built_with_a_relative_encoder_path_loads_from_anywhere(
     load_index(tmp_path / "dense", model="work/enc")  # the same folder spelled from here: accepted
     with pytest.raises(IndexLoadError, match="built with encoder"):
         load_index(tmp_path / "dense", model="all-MiniLM-L6-v2")  # same weights, another encoder name
+    # a link keeps its own name (the name chooses e5's query/passage prefixes), not its target's
+    (work / "e5-link").symlink_to(work / "enc")
+    assert model_label("work/e5-link") == str(work / "e5-link")
 
 
 def test_chunked_build_and_skip_bad_lines(tmp_path):

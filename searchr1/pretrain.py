@@ -130,7 +130,7 @@ class PretrainSettings:
     True: a span recurs at a random distance within random tokens and only its repeat is scored
     (``copy_span_batch``): only matching the tokens before it predicts it (an induction head). The
     copying forms only after about 300 steps of that task: pair it with ``copy_warmup_steps=400``
-    (the default 120 steps formed none)."""
+    (120 steps of an earlier version of the task formed none)."""
     copy_alphabet: int = 0
     """0: the copied strings draw from every token of the corpus (a token rarely repeats within one,
     so the token after its earlier occurrence is the next one); k > 1: each string draws from at

@@ -31,8 +31,10 @@ This module builds the tiny CPU analogue, deterministically, from nothing downlo
 
 Options, off by default and measured in the README's round-5 and round-6 tables (none lifted the
 demo's result): ``phrase_marks``, ``mark_subject``, ``kind_legends``, ``two_marking_tags`` (marked-up
-pages), ``number_tokens`` (tokenizer), ``copy_spans`` and ``copy_alphabet`` (the copy task: the default
-one teaches copying from a fixed distance only, ``copy_accuracy`` measures it).
+pages), ``markup_lines`` (lines per marked-up page), ``number_tokens`` (tokenizer), ``copy_spans`` and
+``copy_alphabet`` (the copy task: the default one teaches copying from a fixed distance only,
+``copy_accuracy`` measures it). ``markup_lines`` is a knob, not a default; the turn-taking of marking
+tags, which it exercises, was learnt by no model measured (see the README's round 6).
 
 The result is an ordinary Hugging Face folder with a ``pretrain.json`` manifest (settings, corpus
 statistics, loss curve, the exact statement of what the model saw). ``prepare_starting_model``
@@ -99,6 +101,9 @@ class PretrainSettings:
     markup_pages: int = 30000
     """Marked-up pages: a legend declaring 2-3 tags, then lines of text each followed by a tag that
     marks a name or a value of that line (see ``markup_page``)."""
+    markup_lines: tuple[int, int] = (1, 4)
+    """Fewest and most lines of text on a marked-up page (each followed by its mark): with more
+    lines, more of the marks come after another tag's mark (the tags take turns)."""
     vocab_size: int = 2048
     """BPE vocabulary (tags are split like any text: ``<``, ``name``, ``>``; spaces are tokens)."""
     number_tokens: bool = False
@@ -510,7 +515,7 @@ def pretraining_corpus(
     docs = list(src.docs)
     words = tag_names if tag_names is not None else tag_words([x for x, _ in src.lines])
     for _ in range(settings.markup_pages):
-        picks = [rng.choice(src.lines) for _ in range(rng.randint(1, 4))]
+        picks = [rng.choice(src.lines) for _ in range(rng.randint(*settings.markup_lines))]
         # a page with a question has no other line about the entity it asks about (and so never
         # its answer): a question is never followed by its answer
         about = {src.asked[x] for x, _ in picks if x in src.asked}
@@ -558,7 +563,7 @@ def describe_corpus(settings: PretrainSettings) -> str:
         parts.append(
             f"{settings.markup_pages} marked-up pages: a legend line declaring 2-3 tags ('Put a name "
             "between <kel> and </kel>'), named two times in three after a word piece of the tokenizer's "
-            f"vocabulary, else an invented word; then 1-4 lines drawn from those {lines}, each followed "
+            f"vocabulary, else an invented word; then {settings.markup_lines[0]}-{settings.markup_lines[1]} lines drawn from those {lines}, each followed "
             "by a declared tag around a name or value that occurs in that line (the marking tags take "
             "turns, from a random one on); one tag may wrap whole lines; lines are separated by a line "
             "break or a blank line; a page with a question has no other line about the asked entity. The "

@@ -184,6 +184,20 @@ def test_two_marking_tags_on_every_page_when_asked():
     assert set(marking_tags(PretrainSettings(**SMALL))) == {1, 2}
 
 
+def test_markup_lines_sets_how_many_lines_a_page_marks():
+    def marks_per_page(settings: PretrainSettings) -> list[int]:
+        pages = [d for d in pretraining_corpus(settings) if " between <" in d.split("\n")[0]]
+        return [sum(bool(_TAG_LINE.match(x)) for x in _text_lines(page)) for page in pages]
+
+    default, longer = (
+        marks_per_page(PretrainSettings(**SMALL)),
+        marks_per_page(PretrainSettings(**SMALL, markup_lines=(5, 6))),
+    )
+    assert max(default) <= 4 and max(longer) <= 6
+    # a page with a question drops the other lines about its entity, so a few pages mark fewer
+    assert sum(n >= 5 for n in longer) > 0.8 * len(longer) and sum(n >= 5 for n in default) == 0
+
+
 def test_the_default_corpus_is_the_one_the_shipped_model_was_built_from():
     """The optional page settings (off by default) leave the default corpus byte for byte as it was
     when the shipped starting model was measured (commit b9cef50); change this hash only with a new

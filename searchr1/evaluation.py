@@ -341,13 +341,16 @@ def _record_values(rec: dict[str, Any]) -> dict[str, float]:
     }
 
 
-def aggregate(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """Per-source and overall means of ``METRICS`` (overall = over all samples, not over sources)."""
+def aggregate(
+    records: Iterable[dict[str, Any]], group: Callable[[dict[str, Any]], str] | None = None
+) -> dict[str, Any]:
+    """Per-source and overall means of ``METRICS`` (overall = over all samples, not over sources);
+    ``group`` names another grouping of the records than their ``data_source``."""
     groups: dict[str, list[dict[str, float]]] = {}
     everything: list[dict[str, float]] = []
     for rec in records:
         values = _record_values(rec)
-        groups.setdefault(rec["data_source"], []).append(values)
+        groups.setdefault(rec["data_source"] if group is None else group(rec), []).append(values)
         everything.append(values)
 
     def mean(rows: list[dict[str, float]]) -> dict[str, float]:

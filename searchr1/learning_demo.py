@@ -235,21 +235,20 @@ def em_by_relation(samples: list[dict], before: Path, after: Path) -> dict[str, 
     """EM before and after per kind of question (a sample's ``metadata.relation``: ``birth_city``,
     ``founder`` ...), from the two evaluations' trajectory files (records carry the sample's
     ``index``; a question with no record counts as wrong): what RL taught, kind by kind."""
-    out: dict[str, dict[str, Any]] = {}
-    records = {
-        label: {r["index"]: r for r in _read_jsonl(path)}
-        for label, path in (("before", before), ("after", after))
+    from collections import Counter
+
+    from searchr1.evaluation import aggregate
+
+    relations = [(s.get("metadata") or {}).get("relation", "unknown") for s in samples]
+    questions = Counter(relations)
+    em: dict[str, dict[str, float]] = {}
+    for label, path in (("before", before), ("after", after)):
+        groups = aggregate(_read_jsonl(path), group=lambda rec: relations[rec["index"]])["sources"]
+        em[label] = {rel: g["em"] * g["n"] / questions[rel] for rel, g in groups.items()}
+    return {
+        rel: {"questions": n, "em_before": em["before"].get(rel, 0.0), "em_after": em["after"].get(rel, 0.0)}
+        for rel, n in sorted(questions.items())
     }
-    for i, sample in enumerate(samples):
-        relation = (sample.get("metadata") or {}).get("relation", "unknown")
-        row = out.setdefault(relation, {"questions": 0, "em_before": 0.0, "em_after": 0.0})
-        row["questions"] += 1
-        for label, recs in records.items():
-            row[f"em_{label}"] += float(recs[i]["scores"]["em"]) if i in recs else 0.0
-    for row in out.values():
-        row["em_before"] /= row["questions"]
-        row["em_after"] /= row["questions"]
-    return dict(sorted(out.items()))
 
 
 def format_by_relation(summary: dict[str, Any]) -> str:

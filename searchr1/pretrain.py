@@ -134,8 +134,8 @@ class PretrainSettings:
     the shipped model learnt to copy from exactly that distance back, and copies nothing else);
     True: a span recurs at a random distance within random tokens and only its repeat is scored
     (``copy_span_batch``): only matching the tokens before it predicts it (an induction head). The
-    copying forms only after about 300 steps of that task: pair it with ``copy_warmup_steps=400``
-    (120 steps of an earlier version of the task formed none)."""
+    copying forms late: in a 400-step warm-up its loss was 6.2 at step 300 and 1.6 at step 400, so
+    pair it with ``copy_warmup_steps=400`` (120 steps of an earlier version of the task formed none)."""
     copy_alphabet: int = 0
     """0: the copied strings draw from every token of the corpus (a token rarely repeats within one,
     so the token after its earlier occurrence is the next one); k > 1: each string draws from at
@@ -238,9 +238,8 @@ def tag_name(rng: random.Random, words: list[str]) -> tuple[str, bool]:
     name and whether it was drawn from ``words``."""
     if words and rng.random() < 2 / 3:
         return rng.choice(words), True
-    onsets = _SYLLABLE_ONSETS
     while True:
-        word = "".join(rng.choice(onsets) + rng.choice("aeiou") for _ in range(rng.randint(1, 3)))
+        word = "".join(rng.choice(_SYLLABLE_ONSETS) + rng.choice("aeiou") for _ in range(rng.randint(1, 3)))
         word += rng.choice(["", "", "l", "n", "r", "s", "m", "k"])
         if word not in RESERVED_TAGS:
             return word, False
@@ -667,9 +666,9 @@ def copy_span_batch(
     tokens recurs right after itself or 1-3 tokens later, at a random place; then the end-of-text
     token (never scored: it only closes the row as a document). Returns the rows and the targets of
     the next-token loss (one per input position): the repeat's tokens after its first, ``-100``
-    (ignored) elsewhere. ``run`` must be at least 6. The distance between the two copies varies from row to row,
-    so only finding where the last tokens occurred before and copying what followed them (an
-    induction head) predicts the repeat, as copying a name or a year from a passage needs."""
+    (ignored) elsewhere. ``run`` must be at least 6. The distance between the two copies varies from
+    row to row, so only finding where the last tokens occurred before and copying what followed them
+    (an induction head) predicts the repeat, as copying a name or a year from a passage needs."""
     import torch
 
     if run < 6:
@@ -688,21 +687,14 @@ def copy_span_batch(
     return torch.cat([x, torch.full((rows, 1), eos)], dim=1), targets
 
 
-def _next_token_loss(model: Any, batch: torch.Tensor) -> torch.Tensor:
+def _next_token_loss(model: Any, batch: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+    """The next-token loss of ``batch``; ``targets`` (one per input position, ``-100`` ignored, as
+    ``copy_span_batch`` returns) replace the batch's own next tokens."""
     import torch
 
     logits = model(input_ids=batch[:, :-1]).logits
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
-
-
-def _copy_loss(model: Any, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """The next-token loss on ``copy_span_batch`` rows, where targets are not ``-100``."""
-    import torch
-
-    logits = model(input_ids=tokens[:, :-1]).logits
-    return torch.nn.functional.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100
-    )
+    wanted = batch[:, 1:] if targets is None else targets
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), wanted.reshape(-1))
 
 
 def _copy_step_loss(
@@ -710,7 +702,9 @@ def _copy_step_loss(
 ) -> torch.Tensor:
     """The copy loss of one step: ``rows`` rows of the settings' copy task."""
     if settings.copy_spans:
-        return _copy_loss(model, *copy_span_batch(rows, COPY_RUN, ids, eos, gen, settings.copy_alphabet))
+        return _next_token_loss(
+            model, *copy_span_batch(rows, COPY_RUN, ids, eos, gen, settings.copy_alphabet)
+        )
     return _next_token_loss(model, copy_batch(rows, COPY_RUN, ids, eos, gen, settings.copy_alphabet))
 
 

@@ -68,7 +68,7 @@ def same_encoder(model: str | None, recorded: str) -> bool:
     """Whether ``model`` names the encoder a manifest recorded (a folder may be spelled relative or
     absolute). Manifests written before folders were recorded absolute hold the spelling used then:
     a relative one matches only from a working directory where it names the same folder."""
-    return model_label(model) == recorded or _located(model) == _located(recorded)
+    return _located(model) == _located(recorded)
 
 
 def prefixes_for(model_path: str, prompts: dict[str, str]) -> tuple[str, str]:

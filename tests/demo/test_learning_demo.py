@@ -59,7 +59,10 @@ def test_tiny_run_writes_the_summary_with_both_runs(tmp_path):
 
 
 def _record(index: int, em: float) -> str:
-    return json.dumps({"index": index, "scores": {"em": em}}) + "\n"
+    """An evaluation record (the fields ``evaluation.aggregate`` reads)."""
+    scores = {"em": em, "sub_em": em, "f1": em, "valid_format": 1.0}
+    return json.dumps({"index": index, "data_source": "synth", "scores": scores, "searches": 1,
+                       "turns": 2, "truncated": False}) + "\n"  # fmt: skip
 
 
 def test_em_by_relation_joins_questions_and_trajectories_by_index(tmp_path):

@@ -39,11 +39,13 @@ tags, which it exercises, was learnt by no model measured (see the README's roun
 The result is an ordinary Hugging Face folder with a ``pretrain.json`` manifest (settings, corpus
 statistics, loss curve, the exact statement of what the model saw). ``prepare_starting_model``
 reuses a folder whose manifest has the same key: the same settings and the same code
-(``code_version``); same settings and code -> identical weights.
+(``code_version``: the modules' syntax trees, so an edit of a comment or a docstring keeps the
+cache); same settings and code -> identical weights.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import math
@@ -179,16 +181,38 @@ class PretrainSettings:
 
 
 CODE_FILES = ("pretrain.py", "models.py", "data/synth.py", "data/prompts.py")
-"""The modules (relative to the package) whose text decides the corpus, the tokenizer and the
+"""The modules (relative to the package) whose code decides the corpus, the tokenizer and the
 model: a cached starting model built by other versions of them is never reused."""
 
 
+def source_fingerprint(source: str) -> str:
+    """A hash of what a module's text does: its syntax tree without docstrings and bare string
+    statements (attribute docstrings); comments and layout are not in the tree. An edit of a comment
+    or docstring, or a reformatting, keeps the fingerprint; any change of code changes it."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list):
+            node.body = [  # type: ignore[attr-defined]
+                s
+                for s in body
+                if not (
+                    isinstance(s, ast.Expr)
+                    and isinstance(s.value, ast.Constant)
+                    and isinstance(s.value.value, str)
+                )
+            ]
+    return hashlib.sha256(ast.dump(tree).encode()).hexdigest()
+
+
 def code_version() -> str:
-    """A hash of the text of ``CODE_FILES``."""
+    """A hash of the code of ``CODE_FILES`` (``source_fingerprint`` of each; the syntax tree's dump
+    can differ between Python versions, which then rebuild once)."""
     package = Path(__file__).resolve().parent
     digest = hashlib.sha256()
     for name in CODE_FILES:
-        digest.update(name.encode() + b"\0" + (package / name).read_bytes())
+        text = (package / name).read_text(encoding="utf-8")
+        digest.update(name.encode() + b"\0" + source_fingerprint(text).encode())
     return digest.hexdigest()[:12]
 
 

@@ -23,6 +23,7 @@ from searchr1.pretrain import (
     mark_text,
     prepare_starting_model,
     pretraining_corpus,
+    source_fingerprint,
     tag_vocabulary,
     window_starts,
 )
@@ -271,6 +272,32 @@ def test_a_model_cached_by_other_code_is_rebuilt(tmp_path, monkeypatch):
     prepare_starting_model(tmp_path / "m", settings)
     assert (built / "model.safetensors").stat().st_mtime_ns != stamp  # rebuilt, not reused
     assert json.loads((built / "pretrain.json").read_text())["code_version"] == "edited-code"
+
+
+_MODULE = '''"""A module."""
+
+STEPS = 3
+"""How many steps."""
+
+
+def run(x):
+    """Run."""
+    return x * STEPS
+'''
+
+
+def test_docstring_comment_and_layout_edits_keep_the_code_fingerprint():
+    base = source_fingerprint(_MODULE)
+    edited_prose = (
+        _MODULE.replace('"""Run."""', '"""Run it twice, as the README says."""')
+        .replace('"""How many steps."""', "")
+        .replace("STEPS = 3", "STEPS = 3  # three: measured")
+        .replace("    return x * STEPS", "\n    return (x\n            * STEPS)")
+    )
+    assert source_fingerprint(edited_prose) == base
+    assert source_fingerprint(_MODULE.replace("STEPS = 3", "STEPS = 4")) != base
+    assert source_fingerprint(_MODULE.replace("x * STEPS", "STEPS * x")) != base
+    assert source_fingerprint(_MODULE.replace("return x", "return 'x'")) != base  # a string that is code
 
 
 def test_tags_are_split_and_read_the_same_inside_a_line_and_at_its_start(tmp_path):

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -142,6 +142,59 @@ class AnswerShare:
     questions: int
     mean_f1: float
     exact: float
+    picked: dict[str, float] = field(default_factory=dict)
+    """Shares of the sampled answers (``ANSWER_KINDS``): the asked value, the name the question is
+    about, another value of the passage, a value the passage does not hold, or no closed answer."""
+
+
+ANSWER_KINDS = ("asked", "subject", "other_value", "invented", "no_answer")
+"""What a sampled answer is, given the passage it was shown (``classify_answer``)."""
+
+
+def classify_answer(answer: str | None, gold: Sequence[str], subject: str, values: Sequence[str]) -> str:
+    """One of ``ANSWER_KINDS``: ``asked`` when ``answer`` matches a gold answer, ``subject`` when it is
+    the name the question is about, ``other_value`` when it is another of the passage's ``values``,
+    ``invented`` for any other closed answer (a name or number the passage does not hold, a
+    misspelt copy), ``no_answer`` when the turn did not close with ``</answer>``. Compared after
+    SQuAD normalisation."""
+    from searchr1.rewards.text import exact_match, normalize_answer
+
+    if answer is None:
+        return "no_answer"
+    if exact_match(answer, gold):
+        return "asked"
+    said = normalize_answer(answer)
+    if said == normalize_answer(subject):
+        return "subject"
+    if any(said == normalize_answer(v) for v in values):
+        return "other_value"
+    return "invented"
+
+
+def _asked_with_passages(
+    seed: int, questions: int, world: dict[str, Any] | None
+) -> tuple[list[dict[str, Any]], dict[str, str], dict[str, list[str]]]:
+    """The first ``questions`` single-hop training questions of world ``seed`` (``world``: its
+    ``SynthConfig`` knobs, default the demo's), each entity's first passage (it holds the entity's
+    attributes) and the values of its attributes that the passage states."""
+    from searchr1.data.synth import SynthConfig, generate_world
+    from searchr1.learning_demo import DemoSettings
+    from searchr1.retrieval.corpus import split_contents
+
+    generated = generate_world(SynthConfig(seed=seed, **(DemoSettings().world if world is None else world)))
+    passage: dict[str, str] = {}
+    for row in generated.corpus:
+        title, text = split_contents(row["contents"])
+        passage.setdefault(title, text)
+    asked = [q for q in generated.splits["train"] if q["metadata"]["type"] == "single"][:questions]
+    if not asked:
+        raise ValueError("no single-hop training questions to ask")
+    values = {
+        name: [str(v) for v in entity.attrs.values() if isinstance(v, str | int) and str(v) in passage[name]]
+        for name, entity in generated.entities.items()
+        if name in passage
+    }
+    return asked, passage, values
 
 
 def passage_context(template: str, question: str, entity: str, passage: str) -> str:
@@ -182,25 +235,15 @@ def answers_given_passage(
     here. ``world``: the demo's ``SynthConfig`` knobs (default the demo's)."""
     import torch
 
-    from searchr1.data.synth import SynthConfig, generate_world
-    from searchr1.learning_demo import DemoSettings
     from searchr1.models import load_model, load_tokenizer
     from searchr1.pretrain import DEMO_INSTRUCTION
-    from searchr1.retrieval.corpus import split_contents
     from searchr1.rewards.text import exact_match, f1_score
 
     model, tokenizer = load_model(model_dir), load_tokenizer(model_dir)
     model.eval()
-    generated = generate_world(SynthConfig(seed=seed, **(DemoSettings().world if world is None else world)))
-    passage: dict[str, str] = {}
-    for row in generated.corpus:
-        title, text = split_contents(row["contents"])
-        passage.setdefault(title, text)  # an entity's first passage holds its attributes
-    asked = [q for q in generated.splits["train"] if q["metadata"]["type"] == "single"][:questions]
-    if not asked:
-        raise ValueError("no single-hop training questions to ask")
+    asked, passage, values = _asked_with_passages(seed, questions, world)
     budget = max_turn_tokens - len(tokenizer("<answer>", add_special_tokens=False).input_ids)
-    scores: dict[str, list[tuple[float, float]]] = {}
+    scores: dict[str, list[tuple[float, float, str]]] = {}
     torch.manual_seed(seed)
     for q in asked:
         entity = q["metadata"]["hops"][0]
@@ -220,20 +263,88 @@ def answers_given_passage(
         for row in out[:, ids.shape[1] :]:
             answer = answer_of(tokenizer.decode(row, skip_special_tokens=True))
             gold = q["golden_answers"]
+            kind = classify_answer(answer, gold, entity, values[entity])
             scores.setdefault(q["metadata"]["relation"], []).append(
-                (f1_score(answer, gold), exact_match(answer, gold))
+                (f1_score(answer, gold), exact_match(answer, gold), kind)
             )
     return [
-        AnswerShare(rel, len(v) // samples, sum(f for f, _ in v) / len(v), sum(e for _, e in v) / len(v))
+        AnswerShare(
+            rel,
+            len(v) // samples,
+            sum(f for f, _, _ in v) / len(v),
+            sum(e for _, e, _ in v) / len(v),
+            {k: sum(1 for *_, c in v if c == k) / len(v) for k in ANSWER_KINDS},
+        )
         for rel, v in sorted(scores.items())
     ]
 
 
 def format_answer_shares(rows: Sequence[AnswerShare], samples: int) -> str:
     """The per-kind table that ``searchr1 demo --probe`` prints."""
-    lines = [f"answers sampled ({samples} per question) when the asked entity's passage is shown:"]
+    lines = [
+        f"answers sampled ({samples} per question) when the asked entity's passage is shown "
+        f"(shares: {' / '.join(ANSWER_KINDS)}):"
+    ]
     lines += [
-        f"  {r.relation:16s} {r.questions:4d} questions  F1 {r.mean_f1:.3f}  exact {r.exact:6.1%}"
+        f"  {r.relation:16s} {r.questions:4d} questions  F1 {r.mean_f1:.3f}  exact {r.exact:6.1%}  "
+        + " / ".join(f"{r.picked.get(k, 0.0):.2f}" for k in ANSWER_KINDS)
         for r in rows
     ]
+    return "\n".join(lines)
+
+
+DECISION_TAGS = ("answer", "search", "information")
+"""The demo's declared tags, whose names ``tag_choices`` reads the probabilities of."""
+
+
+@dataclass
+class TagChoices:
+    """Mean probability of each of the demo's tag names right after a ``<`` at the two places where
+    the policy chooses: the first ``<`` after the prompt, and the ``<`` after a search that returned
+    the asked entity's passage (there ``answer`` is the move that can earn reward)."""
+
+    questions: int
+    first: dict[str, float]
+    after_passage: dict[str, float]
+
+
+def tag_choices(
+    model_dir: str | Path, seed: int = 0, questions: int = 40, world: dict[str, Any] | None = None
+) -> TagChoices:
+    """``TagChoices`` of the model in ``model_dir`` over the first ``questions`` single-hop training
+    questions of world ``seed`` (the demo's prompt; the search in the second context is exactly
+    ``<search> entity </search>``; the probability of a name is that of its first token)."""
+    import torch
+
+    from searchr1.data.prompts import fill_template
+    from searchr1.models import load_model, load_tokenizer
+    from searchr1.pretrain import DEMO_INSTRUCTION
+
+    model, tokenizer = load_model(model_dir), load_tokenizer(model_dir)
+    model.eval()
+    asked, passage, _ = _asked_with_passages(seed, questions, world)
+    first_token = {t: tokenizer(t, add_special_tokens=False).input_ids[0] for t in DECISION_TAGS}
+    totals = {"first": dict.fromkeys(DECISION_TAGS, 0.0), "after_passage": dict.fromkeys(DECISION_TAGS, 0.0)}
+    for q in asked:
+        entity = q["metadata"]["hops"][0]
+        contexts = {
+            "first": fill_template(DEMO_INSTRUCTION, q["question"]) + "<",
+            "after_passage": passage_context(DEMO_INSTRUCTION, q["question"], entity, passage[entity])[
+                : -len("answer>")
+            ],
+        }
+        for place, context in contexts.items():
+            ids = tokenizer(context, return_tensors="pt").input_ids
+            with torch.no_grad():
+                probs = model(input_ids=ids).logits[0, -1].softmax(-1)
+            for tag, token in first_token.items():
+                totals[place][tag] += float(probs[token]) / len(asked)
+    return TagChoices(len(asked), totals["first"], totals["after_passage"])
+
+
+def format_tag_choices(result: TagChoices) -> str:
+    lines = [f"P(tag name) after '<', mean over {result.questions} questions:"]
+    for place, label in (("first", "first '<' after the prompt"), ("after_passage", "after the passage")):
+        shares = getattr(result, place)
+        lines.append(f"  {label:28s} " + "  ".join(f"{t} {shares[t]:.2f}" for t in DECISION_TAGS))
     return "\n".join(lines)

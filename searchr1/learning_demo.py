@@ -554,8 +554,10 @@ def add_arguments(parser: Any) -> None:
         default=0,
         metavar="N",
         help="only sample the starting model's rollouts on N training questions (no RL) and print how "
-        "often it searches, answers and earns reward, and how often its answers are right per kind of "
-        "question when shown the right passage (4N questions)",
+        "often it searches, answers and earns reward; then, on 4N questions, its tag probabilities where "
+        "it chooses (after the prompt, after a passage) and, per kind of question, what its sampled "
+        "answers are when shown the right passage (the asked value, the question's own name, another "
+        "value, an invented one)",
     )
     parser.add_argument("overrides", nargs="*", help="extra dotted key=value overrides of the RL config")
 
@@ -565,9 +567,17 @@ PROBE_SAMPLES = 8
 
 
 def run_probe(out: Path, settings: DemoSettings, questions: int) -> int:
-    """``--probe N``: the starting model's sampled rollouts on the first seed's world, summarised,
-    and its sampled answers per kind of question when the right passage is shown (``4 N`` questions)."""
-    from searchr1.demo_probe import answers_given_passage, format_answer_shares, format_probe, probe_policy
+    """``--probe N``: the starting model's sampled rollouts on the first seed's world, summarised;
+    its tag probabilities at the two choices (``tag_choices``) and its sampled answers per kind of
+    question when the right passage is shown (``answers_given_passage``), on ``4 N`` questions."""
+    from searchr1.demo_probe import (
+        answers_given_passage,
+        format_answer_shares,
+        format_probe,
+        format_tag_choices,
+        probe_policy,
+        tag_choices,
+    )
 
     model_dir = starting_model(out, settings, print)
     try:
@@ -579,15 +589,18 @@ def run_probe(out: Path, settings: DemoSettings, questions: int) -> int:
             samples=PROBE_SAMPLES,
             world=settings.world,
         )
+        tags = tag_choices(model_dir, seed=settings.seeds[0], questions=4 * questions, world=settings.world)
     except ValueError as exc:
         from searchr1.cli import UserFacingError
 
         raise UserFacingError(f"--probe: {exc}") from exc
     print(format_probe(result))
+    print(format_tag_choices(tags))
     print(format_answer_shares(shares, PROBE_SAMPLES))
     report = {
         "model": str(model_dir),
         **result.as_dict(),
+        "tag_choices": asdict(tags),
         "answers_given_passage": [asdict(r) for r in shares],
     }
     (out / "probe.json").write_text(json.dumps(report, indent=2) + "\n")

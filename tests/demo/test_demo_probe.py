@@ -7,7 +7,16 @@ import json
 import pytest
 from tiny_pretrain import TINY_PRETRAIN
 
-from searchr1.demo_probe import answer_of, answers_given_passage, passage_context, probe_policy, summarise
+from searchr1.demo_probe import (
+    ANSWER_KINDS,
+    answer_of,
+    answers_given_passage,
+    classify_answer,
+    passage_context,
+    probe_policy,
+    summarise,
+    tag_choices,
+)
 from searchr1.learning_demo import DemoSettings, main
 from searchr1.rollout.types import Trajectory
 
@@ -78,6 +87,11 @@ def test_demo_probe_flag_writes_probe_json(tmp_path, monkeypatch, capsys):
     assert "reward > 0" in capsys.readouterr().out
     shares = probe["answers_given_passage"]
     assert sum(r["questions"] for r in shares) == 4  # 4 x --probe questions
+    for row in shares:
+        assert set(row["picked"]) == set(ANSWER_KINDS) and sum(row["picked"].values()) == pytest.approx(1.0)
+    tags = probe["tag_choices"]
+    assert tags["questions"] == 4 and set(tags["first"]) == {"answer", "search", "information"}
+    assert 0.0 < sum(tags["after_passage"].values()) <= 1.0
 
 
 def test_passage_context_is_the_rollouts_context_after_a_search():
@@ -170,8 +184,70 @@ def test_answers_given_passage_scores_each_kind_of_question(tiny_model_dir, monk
         assert row.mean_f1 == pytest.approx(score * golds.count(city) / len(golds))
         assert row.exact == pytest.approx((score == 1.0) * golds.count(city) / len(golds))
     assert any(r.mean_f1 > 0 for r in rows) == (score > 0)
+    for row in rows:  # what the answers were: the gold city, or an invented value
+        if text == " {city}" or text == " {city} </search>":
+            assert row.picked["no_answer"] == 1.0
+        elif score == 0.5:
+            assert row.picked["invented"] == 1.0  # "born in X" is no value of any passage
+        else:
+            assert row.picked["asked"] == pytest.approx(row.exact)
+        assert sum(row.picked.values()) == pytest.approx(1.0)
     first = asked[0]["metadata"]["hops"][0]
     passage = next(
         split_contents(r["contents"])[1] for r in world.corpus if split_contents(r["contents"])[0] == first
     )
     assert scripted.shown[0] == passage_context(DEMO_INSTRUCTION, asked[0]["question"], first, passage)
+
+
+@pytest.mark.parametrize(
+    ("answer", "kind"),
+    [
+        ("Zemoor", "asked"),
+        ("the zemoor", "asked"),  # SQuAD normalisation
+        ("Ann Lee", "subject"),
+        ("1901", "other_value"),
+        ("Zemor", "invented"),  # a misspelt copy
+        ("Ann Leeds", "invented"),
+        (None, "no_answer"),
+    ],
+)
+def test_classify_answer_tells_the_asked_value_from_the_subject_other_values_and_inventions(answer, kind):
+    assert classify_answer(answer, ["Zemoor"], "Ann Lee", ["Zemoor", "1901", "poet"]) == kind
+
+
+class _TagModel:
+    """A stand-in language model that, after a ``<``, puts all probability on ``answer`` when the
+    context holds a passage (a search result ``Doc 1(Title: ...)``) and on ``search`` otherwise."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def eval(self):
+        return self
+
+    def __call__(self, input_ids):
+        import types
+
+        import torch
+
+        text = self.tokenizer.decode(input_ids[0])
+        assert text.endswith("<")
+        tag = "answer" if "Doc 1(Title:" in text else "search"
+        logits = torch.full((1, input_ids.shape[1], len(self.tokenizer)), -1e4)
+        logits[0, -1, self.tokenizer(tag, add_special_tokens=False).input_ids[0]] = 0.0
+        return types.SimpleNamespace(logits=logits)
+
+
+def test_tag_choices_reads_the_tag_after_the_prompt_and_after_the_passage(tiny_model_dir, monkeypatch):
+    import searchr1.models as models
+
+    real = tag_choices(tiny_model_dir, seed=3, questions=5, world={"num_entities": 40})
+    assert real.questions == 5
+    for place in (real.first, real.after_passage):
+        assert all(0.0 <= p <= 1.0 for p in place.values()) and sum(place.values()) <= 1.0 + 1e-6
+
+    tokenizer = models.load_tokenizer(tiny_model_dir)
+    monkeypatch.setattr(models, "load_model", lambda _: _TagModel(tokenizer))
+    scripted = tag_choices(tiny_model_dir, seed=3, questions=5, world={"num_entities": 40})
+    assert scripted.first == pytest.approx({"answer": 0.0, "search": 1.0, "information": 0.0})
+    assert scripted.after_passage == pytest.approx({"answer": 1.0, "search": 0.0, "information": 0.0})

@@ -12,6 +12,11 @@ samples per question) on training questions of one world and counts, as shares o
 - ``rewarded``: reward > 0; ``mean_reward``; ``groups_with_signal``: the share of questions whose
   group has a rewarded rollout (GRPO's advantage is zero in the others).
 
+Two more measures take the search out of the picture: ``tag_choices`` (the probabilities of the
+tag names after ``<`` where the policy chooses: after the prompt, and after a search that returned the
+asked entity's passage) and ``answers_given_passage`` (per kind of question, how sampled answers
+given that passage score, and what they are: ``classify_answer``).
+
     searchr1 demo --probe 32        # the demo's starting model, 32 questions x rollout.n
 """
 

@@ -148,21 +148,23 @@ class AnswerShare:
     mean_f1: float
     exact: float
     picked: dict[str, float] = field(default_factory=dict)
-    """Shares of the sampled answers (``ANSWER_KINDS``): the asked value, the name the question is
-    about, another value of the passage, a value the passage does not hold, or no closed answer."""
+    """Shares of the sampled answers (``ANSWER_KINDS``): the asked value, a partial match of it, the
+    name the question is about, another value of the passage, a value the passage does not hold, or
+    no closed answer."""
 
 
-ANSWER_KINDS = ("asked", "subject", "other_value", "invented", "no_answer")
+ANSWER_KINDS = ("asked", "partial", "subject", "other_value", "invented", "no_answer")
 """What a sampled answer is, given the passage it was shown (``classify_answer``)."""
 
 
 def classify_answer(answer: str | None, gold: Sequence[str], subject: str, values: Sequence[str]) -> str:
-    """One of ``ANSWER_KINDS``: ``asked`` when ``answer`` matches a gold answer, ``subject`` when it is
-    the name the question is about, ``other_value`` when it is another of the passage's ``values``,
-    ``invented`` for any other closed answer (a name or number the passage does not hold, a
-    misspelt copy), ``no_answer`` when the turn did not close with ``</answer>``. Compared after
-    SQuAD normalisation."""
-    from searchr1.rewards.text import exact_match, normalize_answer
+    """One of ``ANSWER_KINDS``: ``asked`` when ``answer`` matches a gold answer; ``subject`` when it is
+    the name the question is about; ``other_value`` when it is another of the passage's ``values``;
+    ``partial`` when it is none of these but shares a word with a gold answer (F1 > 0: the gold
+    surname after a wrong first name, the value inside a phrase); ``invented`` for any other closed
+    answer (a name or number the passage does not hold, a misspelt copy); ``no_answer`` when the turn
+    did not close with ``</answer>``. Compared after SQuAD normalisation."""
+    from searchr1.rewards.text import exact_match, f1_score, normalize_answer
 
     if answer is None:
         return "no_answer"
@@ -173,7 +175,7 @@ def classify_answer(answer: str | None, gold: Sequence[str], subject: str, value
         return "subject"
     if any(said == normalize_answer(v) for v in values):
         return "other_value"
-    return "invented"
+    return "partial" if f1_score(answer, gold) > 0 else "invented"
 
 
 def _asked_with_passages(
@@ -305,7 +307,7 @@ DECISION_TAGS = ("answer", "search", "information")
 @dataclass
 class TagChoices:
     """Mean probability of each of the demo's tag names right after a ``<`` at the two places where
-    the policy chooses: the first ``<`` after the prompt, and the ``<`` after a search that returned
+    the policy chooses: a ``<`` straight after the prompt, and the ``<`` after a search that returned
     the asked entity's passage (there ``answer`` is the move that can earn reward)."""
 
     questions: int
@@ -317,8 +319,11 @@ def tag_choices(
     model_dir: str | Path, seed: int = 0, questions: int = 40, world: dict[str, Any] | None = None
 ) -> TagChoices:
     """``TagChoices`` of the model in ``model_dir`` over the first ``questions`` single-hop training
-    questions of world ``seed`` (the demo's prompt; the search in the second context is exactly
-    ``<search> entity </search>``; the probability of a name is that of its first token)."""
+    questions of world ``seed``: the demo's prompt, then ``<`` straight after it (a rollout may also
+    put a space or a line break first); and the prompt, exactly ``<search> entity </search>``, its
+    passage, ``<``. The probability of a name is that of all its tokens in turn (teacher-forced).
+    Needs a tokenizer that splits ``<`` from the name after it and from ``>``, as the demo's does
+    (one whose tags are tokens of their own writes them otherwise)."""
     import torch
 
     from searchr1.data.prompts import fill_template
@@ -328,7 +333,6 @@ def tag_choices(
     model, tokenizer = load_model(model_dir), load_tokenizer(model_dir)
     model.eval()
     asked, passage, _ = _asked_with_passages(seed, questions, world)
-    first_token = {t: tokenizer(t, add_special_tokens=False).input_ids[0] for t in DECISION_TAGS}
     totals = {"first": dict.fromkeys(DECISION_TAGS, 0.0), "after_passage": dict.fromkeys(DECISION_TAGS, 0.0)}
     for q in asked:
         entity = q["metadata"]["hops"][0]
@@ -339,11 +343,21 @@ def tag_choices(
             ],
         }
         for place, context in contexts.items():
-            ids = tokenizer(context, return_tensors="pt").input_ids
-            with torch.no_grad():
-                probs = model(input_ids=ids).logits[0, -1].softmax(-1)
-            for tag, token in first_token.items():
-                totals[place][tag] += float(probs[token]) / len(asked)
+            head = tokenizer(context, add_special_tokens=False).input_ids
+            for tag in DECISION_TAGS:
+                ids = tokenizer(context + tag, add_special_tokens=False).input_ids
+                closed = tokenizer(context + tag + ">", add_special_tokens=False).input_ids
+                if (
+                    ids[: len(head)] != head
+                    or closed[: len(ids)] != ids
+                    or tokenizer.decode(head[-1:]) != "<"
+                ):
+                    raise ValueError(f"the tokenizer does not split '<' from the tag name {tag!r}")
+                with torch.no_grad():
+                    logp = model(input_ids=torch.tensor([ids])).logits[0, :-1].log_softmax(-1)
+                name = torch.tensor(ids[len(head) :])
+                steps = torch.arange(len(head) - 1, len(ids) - 1)
+                totals[place][tag] += float(logp[steps, name].sum().exp()) / len(asked)
     return TagChoices(len(asked), totals["first"], totals["after_passage"])
 
 

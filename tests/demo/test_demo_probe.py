@@ -184,14 +184,26 @@ def test_answers_given_passage_scores_each_kind_of_question(tiny_model_dir, monk
         assert row.mean_f1 == pytest.approx(score * golds.count(city) / len(golds))
         assert row.exact == pytest.approx((score == 1.0) * golds.count(city) / len(golds))
     assert any(r.mean_f1 > 0 for r in rows) == (score > 0)
-    for row in rows:  # what the answers were: the gold city, or an invented value
-        if text == " {city}" or text == " {city} </search>":
-            assert row.picked["no_answer"] == 1.0
-        elif score == 0.5:
-            assert row.picked["invented"] == 1.0  # "born in X" is no value of any passage
-        else:
-            assert row.picked["asked"] == pytest.approx(row.exact)
-        assert sum(row.picked.values()) == pytest.approx(1.0)
+    for row in rows:  # what each answer was, by an independent reading of the world
+        of_kind = [q for q in asked if q["metadata"]["relation"] == row.relation]
+        expected = dict.fromkeys(("asked", "partial", "subject", "other_value", "invented", "no_answer"), 0)
+        for q in of_kind:
+            entity = world.entities[q["metadata"]["hops"][0]]
+            if score == 0.0:
+                expected["no_answer"] += 1
+            elif city in q["golden_answers"]:
+                expected["asked" if score == 1.0 else "partial"] += 1
+            elif score == 0.5:
+                expected["invented"] += 1  # "born in X" is no value of any passage
+            elif entity.name == city:
+                expected["subject"] += 1  # a question about the city itself
+            elif city in map(str, entity.attrs.values()):
+                expected["other_value"] += 1  # a person born there, a company based there
+            else:
+                expected["invented"] += 1
+        assert row.picked == pytest.approx({k: v / len(of_kind) for k, v in expected.items()})
+    if score == 1.0:  # the world has answers of each of these kinds for this city
+        assert any(r.picked["other_value"] > 0 for r in rows) and any(r.picked["subject"] > 0 for r in rows)
     first = asked[0]["metadata"]["hops"][0]
     passage = next(
         split_contents(r["contents"])[1] for r in world.corpus if split_contents(r["contents"])[0] == first
@@ -204,10 +216,13 @@ def test_answers_given_passage_scores_each_kind_of_question(tiny_model_dir, monk
     [
         ("Zemoor", "asked"),
         ("the zemoor", "asked"),  # SQuAD normalisation
+        ("1901", "other_value"),
         ("Ann Lee", "subject"),
         ("1901", "other_value"),
         ("Zemor", "invented"),  # a misspelt copy
         ("Ann Leeds", "invented"),
+        ("born in Zemoor", "partial"),  # holds the gold answer among other words
+        ("Ann Zemoor", "partial"),
         (None, "no_answer"),
     ],
 )
@@ -216,8 +231,9 @@ def test_classify_answer_tells_the_asked_value_from_the_subject_other_values_and
 
 
 class _TagModel:
-    """A stand-in language model that, after a ``<``, puts all probability on ``answer`` when the
-    context holds a passage (a search result ``Doc 1(Title: ...)``) and on ``search`` otherwise."""
+    """A stand-in language model that, after the last ``<`` of its input, writes ``answer`` when the
+    context holds a passage (a search result ``Doc 1(Title: ...)``) and ``search`` otherwise, with
+    probability 1 at each of the name's tokens."""
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
@@ -230,24 +246,36 @@ class _TagModel:
 
         import torch
 
-        text = self.tokenizer.decode(input_ids[0])
-        assert text.endswith("<")
-        tag = "answer" if "Doc 1(Title:" in text else "search"
-        logits = torch.full((1, input_ids.shape[1], len(self.tokenizer)), -1e4)
-        logits[0, -1, self.tokenizer(tag, add_special_tokens=False).input_ids[0]] = 0.0
+        ids = input_ids[0].tolist()
+        opener = self.tokenizer.convert_tokens_to_ids("<")
+        last = max(i for i, t in enumerate(ids) if t == opener)
+        context = self.tokenizer.decode(ids[: last + 1])
+        tag = "answer" if "Doc 1(Title:" in context else "search"
+        wanted = self.tokenizer(context + tag, add_special_tokens=False).input_ids
+        logits = torch.full((1, len(ids), len(self.tokenizer)), -1e4)
+        for position in range(last, min(len(ids), len(wanted) - 1)):
+            logits[0, position, wanted[position + 1]] = 0.0
         return types.SimpleNamespace(logits=logits)
 
 
-def test_tag_choices_reads_the_tag_after_the_prompt_and_after_the_passage(tiny_model_dir, monkeypatch):
+def test_tag_choices_reads_the_whole_tag_name_after_the_prompt_and_after_the_passage(
+    tiny_model_dir, monkeypatch
+):
     import searchr1.models as models
-
-    real = tag_choices(tiny_model_dir, seed=3, questions=5, world={"num_entities": 40})
-    assert real.questions == 5
-    for place in (real.first, real.after_passage):
-        assert all(0.0 <= p <= 1.0 for p in place.values()) and sum(place.values()) <= 1.0 + 1e-6
 
     tokenizer = models.load_tokenizer(tiny_model_dir)
     monkeypatch.setattr(models, "load_model", lambda _: _TagModel(tokenizer))
     scripted = tag_choices(tiny_model_dir, seed=3, questions=5, world={"num_entities": 40})
+    assert scripted.questions == 5
     assert scripted.first == pytest.approx({"answer": 0.0, "search": 1.0, "information": 0.0})
     assert scripted.after_passage == pytest.approx({"answer": 1.0, "search": 0.0, "information": 0.0})
+
+
+def test_tag_choices_needs_a_tokenizer_that_splits_the_tag_opener(tmp_path):
+    from searchr1.models import build_tiny_model, train_tokenizer
+
+    whole_tags = train_tokenizer(["a b c <answer> d </answer>"] * 20, vocab_size=300, tag_tokens=True)
+    whole_tags.save_pretrained(tmp_path)
+    build_tiny_model(whole_tags).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="does not split '<'"):
+        tag_choices(tmp_path, seed=3, questions=1, world={"num_entities": 40})

@@ -87,6 +87,7 @@ def test_em_by_relation_joins_questions_and_trajectories_by_index(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # a fresh pre-training (~7 min) and 20 RL steps: 507 s alone on 2 cores
 def test_quick_demo_reward_rises(tmp_path):
     """``searchr1 demo --quick`` with seed 0 (a fresh starting model): the smoothed training reward
     ends above where it began, and after RL the policy searches for every question."""

@@ -282,7 +282,10 @@ STEPS = 3
 
 def run(x):
     """Run."""
-    return x * STEPS
+    try:
+        return x * STEPS
+    finally:
+        pass
 '''
 
 
@@ -292,7 +295,10 @@ def test_docstring_comment_and_layout_edits_keep_the_code_fingerprint():
         _MODULE.replace('"""Run."""', '"""Run it twice, as the README says."""')
         .replace('"""How many steps."""', "")
         .replace("STEPS = 3", "STEPS = 3  # three: measured")
-        .replace("    return x * STEPS", "\n    return (x\n            * STEPS)")
+        .replace("        return x * STEPS", "\n        return (x\n                * STEPS)")
+        .replace(
+            "        pass", '        """Nothing to undo."""\n        pass'
+        )  # a string in a finally block
     )
     assert source_fingerprint(edited_prose) == base
     assert source_fingerprint(_MODULE.replace("STEPS = 3", "STEPS = 4")) != base

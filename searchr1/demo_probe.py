@@ -244,13 +244,13 @@ def answers_given_passage(
 
     from searchr1.models import load_model, load_tokenizer
     from searchr1.pretrain import DEMO_INSTRUCTION
-    from searchr1.rewards.text import exact_match, f1_score
+    from searchr1.rewards.text import f1_score
 
     model, tokenizer = load_model(model_dir), load_tokenizer(model_dir)
     model.eval()
     asked, passage, values = _asked_with_passages(seed, questions, world)
     budget = max_turn_tokens - len(tokenizer("<answer>", add_special_tokens=False).input_ids)
-    scores: dict[str, list[tuple[float, float, str]]] = {}
+    scores: dict[str, list[tuple[float, str]]] = {}  # relation -> (F1, ANSWER_KINDS) per answer
     torch.manual_seed(seed)
     for q in asked:
         entity = q["metadata"]["hops"][0]
@@ -270,20 +270,17 @@ def answers_given_passage(
         for row in out[:, ids.shape[1] :]:
             answer = answer_of(tokenizer.decode(row, skip_special_tokens=True))
             gold = q["golden_answers"]
-            kind = classify_answer(answer, gold, entity, values[entity])
             scores.setdefault(q["metadata"]["relation"], []).append(
-                (f1_score(answer, gold), exact_match(answer, gold), kind)
+                (f1_score(answer, gold), classify_answer(answer, gold, entity, values[entity]))
             )
-    return [
-        AnswerShare(
-            rel,
-            len(v) // samples,
-            sum(f for f, _, _ in v) / len(v),
-            sum(e for _, e, _ in v) / len(v),
-            {k: sum(1 for *_, c in v if c == k) / len(v) for k in ANSWER_KINDS},
+    shares = []
+    for rel, v in sorted(scores.items()):
+        picked = {k: sum(1 for _, c in v if c == k) / len(v) for k in ANSWER_KINDS}
+        # an exact match is the "asked" kind
+        shares.append(
+            AnswerShare(rel, len(v) // samples, sum(f for f, _ in v) / len(v), picked["asked"], picked)
         )
-        for rel, v in sorted(scores.items())
-    ]
+    return shares
 
 
 def format_answer_shares(rows: Sequence[AnswerShare], samples: int) -> str:

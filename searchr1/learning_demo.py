@@ -556,8 +556,8 @@ def add_arguments(parser: Any) -> None:
         help="only sample the starting model's rollouts on N training questions (no RL) and print how "
         "often it searches, answers and earns reward; then, on 4N questions, its tag probabilities where "
         "it chooses (after the prompt, after a passage) and, per kind of question, what its sampled "
-        "answers are when shown the right passage (the asked value, the question's own name, another "
-        "value, an invented one)",
+        "answers are when shown the right passage (the asked value, a partial match, the question's own "
+        "name, another value, an invented one, none)",
     )
     parser.add_argument("overrides", nargs="*", help="extra dotted key=value overrides of the RL config")
 

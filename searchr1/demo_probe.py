@@ -12,10 +12,12 @@ samples per question) on training questions of one world and counts, as shares o
 - ``rewarded``: reward > 0; ``mean_reward``; ``groups_with_signal``: the share of questions whose
   group has a rewarded rollout (GRPO's advantage is zero in the others).
 
-Two more measures take the search out of the picture: ``tag_choices`` (the probabilities of the
+Three more measures take the search out of the picture: ``tag_choices`` (the probabilities of the
 tag names after ``<`` where the policy chooses: after the prompt, and after a search that returned the
-asked entity's passage) and ``answers_given_passage`` (per kind of question, how sampled answers
-given that passage score, and what they are: ``classify_answer``).
+asked entity's passage), ``answers_given_passage`` (per kind of question, how sampled answers
+given that passage score, and what they are: ``classify_answer``) and ``gold_given_passage`` (the
+gold answer read teacher-forced there: how likely the policy is to start it, and how well it copies
+the rest once started).
 
     searchr1 demo --probe 32        # the demo's starting model, 32 questions x rollout.n
 """
@@ -294,6 +296,93 @@ def format_answer_shares(rows: Sequence[AnswerShare], samples: int) -> str:
         + " / ".join(f"{r.picked.get(k, 0.0):.2f}" for k in ANSWER_KINDS)
         for r in rows
     ]
+    return "\n".join(lines)
+
+
+@dataclass
+class GoldReading:
+    """The gold answer read teacher-forced after ``<answer>`` (the asked entity's passage shown), for
+    one kind of question: choosing the value apart from copying it."""
+
+    relation: str
+    questions: int
+    first_piece: float
+    """Mean probability of the gold answer's first word piece: how often the policy starts the value
+    that is asked (the choice RL has to learn)."""
+    later_accuracy: dict[str, float] = field(default_factory=dict)
+    """Share of the gold answer's later pieces (each given the pieces before it) that are the model's
+    most likely next token, per ``PIECE_KINDS``: how well it copies a value it has started."""
+    later_pieces: dict[str, int] = field(default_factory=dict)
+    """How many later pieces of each kind were read."""
+
+
+PIECE_KINDS = ("word", "digit")
+"""Kinds of a gold answer's later pieces: a word piece, or digits (a year is several digit tokens)."""
+
+
+def gold_given_passage(
+    model_dir: str | Path, seed: int = 0, questions: int = 200, world: dict[str, Any] | None = None
+) -> list[GoldReading]:
+    """Per kind of question, over the first ``questions`` single-hop training questions of world
+    ``seed`` (``world``: the demo's ``SynthConfig`` knobs by default): the context of
+    ``passage_context`` (prompt, ``<search> entity </search>``, the entity's passage, ``<answer>``)
+    followed by a space and the first gold answer, in one forward pass. Whitespace pieces are
+    skipped; the first other piece is the choice (``first_piece``), the rest are copies
+    (``later_accuracy``)."""
+    import torch
+
+    from searchr1.models import load_model, load_tokenizer
+    from searchr1.pretrain import DEMO_INSTRUCTION
+
+    model, tokenizer = load_model(model_dir), load_tokenizer(model_dir)
+    model.eval()
+    asked, passage, _ = _asked_with_passages(seed, questions, world)
+    first: dict[str, list[float]] = {}
+    later: dict[str, dict[str, list[bool]]] = {}
+    for q in asked:
+        entity = q["metadata"]["hops"][0]
+        context = passage_context(DEMO_INSTRUCTION, q["question"], entity, passage[entity])
+        head = tokenizer(context, add_special_tokens=False).input_ids
+        ids = tokenizer(f"{context} {q['golden_answers'][0]}", add_special_tokens=False).input_ids
+        if ids[: len(head)] != head:
+            raise ValueError("the tokenizer merges the end of '<answer>' with the answer after it")
+        with torch.no_grad():
+            probs = model(input_ids=torch.tensor([ids])).logits[0].float().softmax(-1)
+        relation = q["metadata"]["relation"]
+        pieces = [i for i in range(len(head), len(ids)) if tokenizer.decode(ids[i : i + 1]).strip()]
+        if not pieces:
+            continue
+        first.setdefault(relation, []).append(float(probs[pieces[0] - 1, ids[pieces[0]]]))
+        kinds = later.setdefault(relation, {k: [] for k in PIECE_KINDS})
+        for i in pieces[1:]:
+            kind = "digit" if tokenizer.decode(ids[i : i + 1]).strip().isdigit() else "word"
+            kinds[kind].append(int(probs[i - 1].argmax()) == ids[i])
+    return [
+        GoldReading(
+            relation,
+            len(first[relation]),
+            sum(first[relation]) / len(first[relation]),
+            {k: sum(v) / len(v) for k, v in later[relation].items() if v},
+            {k: len(v) for k, v in later[relation].items()},
+        )
+        for relation in sorted(first)
+    ]
+
+
+def format_gold_readings(rows: Sequence[GoldReading]) -> str:
+    """The per-kind table of ``gold_given_passage`` that ``searchr1 demo --probe`` prints."""
+    lines = [
+        "the gold answer read after '<answer>' (passage shown): P(its first piece), and how many of its later pieces are the most likely token:"
+    ]
+    for r in rows:
+        copies = "  ".join(
+            f"{k} {r.later_accuracy[k]:.2f} of {r.later_pieces[k]}"
+            for k in PIECE_KINDS
+            if r.later_pieces.get(k)
+        )
+        lines.append(
+            f"  {r.relation:16s} {r.questions:4d} questions  first piece {r.first_piece:.3f}  {copies or '(one piece)'}"
+        )
     return "\n".join(lines)
 
 

@@ -557,7 +557,8 @@ def add_arguments(parser: Any) -> None:
         "often it searches, answers and earns reward; then, on 4N questions, its tag probabilities where "
         "it chooses (after the prompt, after a passage) and, per kind of question, what its sampled "
         "answers are when shown the right passage (the asked value, a partial match, the question's own "
-        "name, another value, an invented one, none)",
+        "name, another value, an invented one, none) and how likely it is to start the gold answer "
+        "and to copy the rest of it (teacher-forced)",
     )
     parser.add_argument("overrides", nargs="*", help="extra dotted key=value overrides of the RL config")
 
@@ -568,13 +569,16 @@ PROBE_SAMPLES = 8
 
 def run_probe(out: Path, settings: DemoSettings, questions: int) -> int:
     """``--probe N``: the starting model's sampled rollouts on the first seed's world, summarised;
-    its tag probabilities at the two choices (``tag_choices``) and its sampled answers per kind of
-    question when the right passage is shown (``answers_given_passage``), on ``4 N`` questions."""
+    its tag probabilities at the two choices (``tag_choices``), its sampled answers per kind of
+    question when the right passage is shown (``answers_given_passage``) and its reading of the gold
+    answer there (``gold_given_passage``), on ``4 N`` questions."""
     from searchr1.demo_probe import (
         answers_given_passage,
         format_answer_shares,
+        format_gold_readings,
         format_probe,
         format_tag_choices,
+        gold_given_passage,
         probe_policy,
         tag_choices,
     )
@@ -590,6 +594,9 @@ def run_probe(out: Path, settings: DemoSettings, questions: int) -> int:
             world=settings.world,
         )
         tags = tag_choices(model_dir, seed=settings.seeds[0], questions=4 * questions, world=settings.world)
+        gold = gold_given_passage(
+            model_dir, seed=settings.seeds[0], questions=4 * questions, world=settings.world
+        )
     except ValueError as exc:
         from searchr1.cli import UserFacingError
 
@@ -597,11 +604,13 @@ def run_probe(out: Path, settings: DemoSettings, questions: int) -> int:
     print(format_probe(result))
     print(format_tag_choices(tags))
     print(format_answer_shares(shares, PROBE_SAMPLES))
+    print(format_gold_readings(gold))
     report = {
         "model": str(model_dir),
         **result.as_dict(),
         "tag_choices": asdict(tags),
         "answers_given_passage": [asdict(r) for r in shares],
+        "gold_given_passage": [asdict(r) for r in gold],
     }
     (out / "probe.json").write_text(json.dumps(report, indent=2) + "\n")
     print(f"probe: {out / 'probe.json'}")

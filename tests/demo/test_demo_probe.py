@@ -12,6 +12,7 @@ from searchr1.demo_probe import (
     answer_of,
     answers_given_passage,
     classify_answer,
+    gold_given_passage,
     passage_context,
     probe_policy,
     summarise,
@@ -84,7 +85,8 @@ def test_demo_probe_flag_writes_probe_json(tmp_path, monkeypatch, capsys):
     assert main(["--out", str(tmp_path), "--model-cache", "", "--probe", "1", "rollout.n=2"]) == 0
     probe = json.loads((tmp_path / "probe.json").read_text())
     assert probe["rollouts"] == 2 and probe["model"] == str(tmp_path / "starting-model")
-    assert "reward > 0" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "reward > 0" in printed and "first piece" in printed
     shares = probe["answers_given_passage"]
     assert sum(r["questions"] for r in shares) == 4  # 4 x --probe questions
     for row in shares:
@@ -92,6 +94,9 @@ def test_demo_probe_flag_writes_probe_json(tmp_path, monkeypatch, capsys):
     tags = probe["tag_choices"]
     assert tags["questions"] == 4 and set(tags["first"]) == {"answer", "search", "information"}
     assert 0.0 < sum(tags["after_passage"].values()) <= 1.0
+    gold = probe["gold_given_passage"]
+    assert sum(r["questions"] for r in gold) == 4
+    assert [r["relation"] for r in gold] == [r["relation"] for r in shares]
 
 
 def test_passage_context_is_the_rollouts_context_after_a_search():
@@ -279,3 +284,56 @@ def test_tag_choices_needs_a_tokenizer_that_splits_the_tag_opener(tmp_path):
     build_tiny_model(whole_tags).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="does not split '<'"):
         tag_choices(tmp_path, seed=3, questions=1, world={"num_entities": 40})
+
+
+class _NextTokenModel:
+    """A stand-in language model that, at every position, gives probability 1 to the token that
+    actually follows in its input when ``knows`` says so (given that token's text), else to token 0."""
+
+    def __init__(self, tokenizer, knows):
+        self.tokenizer, self.knows = tokenizer, knows
+
+    def eval(self):
+        return self
+
+    def __call__(self, input_ids):
+        import types
+
+        import torch
+
+        ids = input_ids[0].tolist()
+        logits = torch.full((1, len(ids), len(self.tokenizer)), -1e4)
+        logits[0, :, 0] = 0.0
+        for position, following in enumerate(ids[1:]):
+            if self.knows(self.tokenizer.decode([following])):
+                logits[0, position, 0] = -1e4
+                logits[0, position, following] = 0.0
+        return types.SimpleNamespace(logits=logits)
+
+
+@pytest.mark.parametrize("knows", ["everything", "digits"])
+def test_gold_given_passage_tells_starting_the_answer_from_copying_it(tiny_model_dir, monkeypatch, knows):
+    """A model that predicts every next token starts and copies every gold answer; one that predicts
+    only digits starts exactly the answers that begin with a digit (years) and copies their digits
+    but no word piece."""
+    import searchr1.models as models
+    from searchr1.data.synth import SynthConfig, generate_world
+
+    knobs = {"num_entities": 40, "hop_mix": {"single": 1.0}}
+    asked = generate_world(SynthConfig(seed=3, **knobs)).splits["train"][:30]
+    tokenizer = models.load_tokenizer(tiny_model_dir)
+    rule = (lambda text: True) if knows == "everything" else (lambda text: text.strip().isdigit())
+    monkeypatch.setattr(models, "load_model", lambda _: _NextTokenModel(tokenizer, rule))
+    rows = gold_given_passage(tiny_model_dir, seed=3, questions=30, world=knobs)
+    assert sum(r.questions for r in rows) == 30
+    assert any(r.later_pieces.get("digit") for r in rows) and any(r.later_pieces.get("word") for r in rows)
+    for row in rows:
+        golds = [q["golden_answers"][0] for q in asked if q["metadata"]["relation"] == row.relation]
+        assert row.questions == len(golds)
+        if knows == "everything":
+            assert row.first_piece == pytest.approx(1.0)
+            assert all(v == 1.0 for v in row.later_accuracy.values())
+        else:
+            assert row.first_piece == pytest.approx(sum(g[0].isdigit() for g in golds) / len(golds))
+            assert row.later_accuracy.get("digit", 1.0) == 1.0 and row.later_accuracy.get("word", 0.0) == 0.0
+        assert set(row.later_accuracy) == {k for k, n in row.later_pieces.items() if n}

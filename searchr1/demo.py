@@ -1,8 +1,8 @@
 """``searchr1 demo``: the learning demo: RL with outcome rewards on a tiny model and the synthetic world.
 
 RL teaches the tiny model to search and to answer from the passage it found (searches per question
-rise to 1), but its EM target (+0.3 after RL) is not reached: out of reach of the 15-minute, 2-core
-budget with this starting model (README, "Round 8").
+rise to 1), but its EM target (+0.3 after RL) is not reached: no configuration tried reaches it
+within the 15-minute, 2-core budget (README, "Round 8").
 
 For each seed: generates the embedded synthetic world and its BM25 index, prepares the tiny starting
 model (pre-trained self-supervised on other worlds, cached in runs/starting-models), evaluates it on

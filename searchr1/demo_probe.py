@@ -308,7 +308,9 @@ class GoldReading:
     questions: int
     first_piece: float
     """Mean probability of the gold answer's first word piece: how often the policy starts the value
-    that is asked (the choice RL has to learn)."""
+    that is asked (the choice RL has to learn). A year's first piece is a digit that nearly every year
+    shares, so for years it says only how often the policy starts a year; which year is then decided
+    by the later digits."""
     later_accuracy: dict[str, float] = field(default_factory=dict)
     """Share of the gold answer's later pieces (each given the pieces before it) that are the model's
     most likely next token, per ``PIECE_KINDS``: how well it copies a value it has started."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from tiny_pretrain import TINY_PRETRAIN
@@ -96,7 +97,6 @@ def test_demo_probe_flag_writes_probe_json(tmp_path, monkeypatch, capsys):
     assert 0.0 < sum(tags["after_passage"].values()) <= 1.0
     gold = probe["gold_given_passage"]
     assert sum(r["questions"] for r in gold) == 4
-    assert [r["relation"] for r in gold] == [r["relation"] for r in shares]
 
 
 def test_passage_context_is_the_rollouts_context_after_a_search():
@@ -287,8 +287,9 @@ def test_tag_choices_needs_a_tokenizer_that_splits_the_tag_opener(tmp_path):
 
 
 class _NextTokenModel:
-    """A stand-in language model that, at every position, gives probability 1 to the token that
-    actually follows in its input when ``knows`` says so (given that token's text), else to token 0."""
+    """A stand-in language model that, at every position, gives probability 0.6 to the token that
+    actually follows in its input when ``knows`` says so (given that token's text) and 0.4 to token 0,
+    else probability 1 to token 0."""
 
     def __init__(self, tokenizer, knows):
         self.tokenizer, self.knows = tokenizer, knows
@@ -305,17 +306,17 @@ class _NextTokenModel:
         logits = torch.full((1, len(ids), len(self.tokenizer)), -1e4)
         logits[0, :, 0] = 0.0
         for position, following in enumerate(ids[1:]):
-            if self.knows(self.tokenizer.decode([following])):
-                logits[0, position, 0] = -1e4
-                logits[0, position, following] = 0.0
+            if following != 0 and self.knows(self.tokenizer.decode([following])):
+                logits[0, position, 0] = math.log(0.4)
+                logits[0, position, following] = math.log(0.6)
         return types.SimpleNamespace(logits=logits)
 
 
 @pytest.mark.parametrize("knows", ["everything", "digits"])
 def test_gold_given_passage_tells_starting_the_answer_from_copying_it(tiny_model_dir, monkeypatch, knows):
-    """A model that predicts every next token starts and copies every gold answer; one that predicts
-    only digits starts exactly the answers that begin with a digit (years) and copies their digits
-    but no word piece."""
+    """A model that gives the next token probability 0.6 (its most likely one) starts every gold answer
+    with that probability and copies all of it; one that does so only for digits starts exactly the
+    answers that begin with a digit (years) and copies their digits but no word piece."""
     import searchr1.models as models
     from searchr1.data.synth import SynthConfig, generate_world
 
@@ -331,9 +332,11 @@ def test_gold_given_passage_tells_starting_the_answer_from_copying_it(tiny_model
         golds = [q["golden_answers"][0] for q in asked if q["metadata"]["relation"] == row.relation]
         assert row.questions == len(golds)
         if knows == "everything":
-            assert row.first_piece == pytest.approx(1.0)
+            assert row.first_piece == pytest.approx(0.6)
             assert all(v == 1.0 for v in row.later_accuracy.values())
         else:
-            assert row.first_piece == pytest.approx(sum(g[0].isdigit() for g in golds) / len(golds))
-            assert row.later_accuracy.get("digit", 1.0) == 1.0 and row.later_accuracy.get("word", 0.0) == 0.0
-        assert set(row.later_accuracy) == {k for k, n in row.later_pieces.items() if n}
+            assert row.first_piece == pytest.approx(0.6 * sum(g[0].isdigit() for g in golds) / len(golds))
+            if row.later_pieces.get("digit"):
+                assert row.later_accuracy["digit"] == 1.0
+            if row.later_pieces.get("word"):
+                assert row.later_accuracy["word"] == 0.0

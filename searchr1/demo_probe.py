@@ -206,15 +206,16 @@ def _asked_with_passages(
     return asked, passage, values
 
 
-def passage_context(template: str, question: str, entity: str, passage: str) -> str:
+def passage_context(template: str, question: str, entity: str, passage: str, then: str = "<answer>") -> str:
     """The demo's context after a first turn that was exactly ``<search> entity </search>`` and
-    returned ``passage`` (titled ``entity``), ending with the ``<answer>`` tag put in the model's
-    mouth: the prompt, the search, the information block, ``<answer>``."""
+    returned ``passage`` (titled ``entity``), ending with ``then`` put in the model's mouth (the
+    ``<answer>`` tag by default; ``<`` to leave the tag's name to the model): the prompt, the search,
+    the information block, ``then``."""
     from searchr1.data.prompts import fill_template, format_observation_docs, wrap_information
     from searchr1.retrieval.base import Hit
 
     docs = format_observation_docs([Hit(id=entity, title=entity, text=passage, score=0.0)])
-    return f"{fill_template(template, question)}<search> {entity} </search>{wrap_information(docs)}<answer>"
+    return f"{fill_template(template, question)}<search> {entity} </search>{wrap_information(docs)}{then}"
 
 
 def answer_of(continuation: str) -> str | None:
@@ -351,14 +352,14 @@ def gold_given_passage(
         with torch.no_grad():
             probs = model(input_ids=torch.tensor([ids])).logits[0].float().softmax(-1)
         relation = q["metadata"]["relation"]
-        pieces = [i for i in range(len(head), len(ids)) if tokenizer.decode(ids[i : i + 1]).strip()]
+        texts = {i: tokenizer.decode(ids[i : i + 1]).strip() for i in range(len(head), len(ids))}
+        pieces = [i for i, text in texts.items() if text]  # whitespace pieces skipped
         if not pieces:
             continue
         first.setdefault(relation, []).append(float(probs[pieces[0] - 1, ids[pieces[0]]]))
         kinds = later.setdefault(relation, {k: [] for k in PIECE_KINDS})
         for i in pieces[1:]:
-            kind = "digit" if tokenizer.decode(ids[i : i + 1]).strip().isdigit() else "word"
-            kinds[kind].append(int(probs[i - 1].argmax()) == ids[i])
+            kinds["digit" if texts[i].isdigit() else "word"].append(int(probs[i - 1].argmax()) == ids[i])
     return [
         GoldReading(
             relation,
@@ -426,9 +427,7 @@ def tag_choices(
         entity = q["metadata"]["hops"][0]
         contexts = {
             "first": fill_template(DEMO_INSTRUCTION, q["question"]) + "<",
-            "after_passage": passage_context(DEMO_INSTRUCTION, q["question"], entity, passage[entity])[
-                : -len("answer>")
-            ],
+            "after_passage": passage_context(DEMO_INSTRUCTION, q["question"], entity, passage[entity], "<"),
         }
         for place, context in contexts.items():
             head = tokenizer(context, add_special_tokens=False).input_ids

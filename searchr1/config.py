@@ -5,7 +5,7 @@ Every subcommand shares the same tree (``SearchR1Config``); each package owns it
 field. Loading is strict: an unknown key or a value of the wrong type raises ``ConfigError`` naming
 the dotted key, before any model or index is touched.
 
-    cfg = load_config("configs/grpo_qwen2.5_3b.yaml", ["trainer.total_steps=200", "rollout.n=5"])
+    cfg = load_config("my_recipe.yaml", ["trainer.total_steps=200", "rollout.n=5"])
 """
 
 from __future__ import annotations

@@ -131,11 +131,11 @@ def build_mode_prompt(
     question: str, mode: str, *, template: str, tokenizer: Any, hits: list | None = None
 ) -> str:
     """The prompt text of ``mode``: the Search-R1 prompt (agent) or a baseline instruction."""
-    from searchr1.data.prompts import build_prompt, normalize_question
+    from searchr1.data.prompts import build_prompt, is_chat_template, normalize_question
 
     if mode == "agent":
         return build_prompt(question, template, tokenizer)
-    base_template = template if template in ("base", "instruct") else "base"
+    base_template = "instruct" if is_chat_template(template) else "base"
     q = normalize_question(question)
     if mode == "direct":
         return _render(DIRECT_INSTRUCTION.replace("{question}", q), base_template, tokenizer)

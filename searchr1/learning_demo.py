@@ -35,11 +35,11 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from searchr1.pretrain import DEMO_INSTRUCTION, PretrainSettings
+from searchr1.models import DEFAULT_MODEL
 
 CONFIG_NAME = "demo_learning"
 """The shipped RL config of the demo (``searchr1/configs/demo_learning.yaml``)."""
-PROMPT_FILE = "prompt.txt"
+PROMPT_FILE = "prompt.json"
 SUMMARY_FILE = "summary.json"
 
 
@@ -59,15 +59,14 @@ class DemoSettings:
         default_factory=lambda: {"filler_sentences": 0, "hop_mix": {"single": 1.0}, "num_entities": 300}
     )
     """SynthConfig knobs of the demo worlds (the seed comes from ``seeds``)."""
-    pretrain: PretrainSettings = field(default_factory=PretrainSettings)
-    """How the starting model is built."""
+    model: str = DEFAULT_MODEL
+    """The starting model (any name ``searchr1.models.resolve_model`` accepts)."""
+    template: str = "instruct_1shot"
+    """The prompt template (``data.template``)."""
     no_search: bool = True
     """Also run the search-disabled control."""
     overrides: list[str] = field(default_factory=list)
     """Extra dotted config overrides for the RL runs (``rollout.n=4`` ...)."""
-    model_cache: str | None = None
-    """Folder of starting models shared by runs, one sub-folder per settings key (``searchr1 demo``
-    uses ``runs/starting-models``); None: build it into ``<out>/starting-model``."""
 
     @classmethod
     def quick_settings(cls) -> DemoSettings:
@@ -293,31 +292,17 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def check_settings(out: Path, settings: DemoSettings) -> Path:
-    """Write the prompt file and build the RL config once (a bad key fails here, before any
-    model is built); returns the prompt file."""
+    """Write the prompt (as chat messages) and build the RL config once (a bad key fails here, before
+    any model is loaded); returns the prompt file."""
+    from searchr1.data.prompts import prompt_messages
+
     if not settings.seeds:
         raise ValueError("at least one seed is needed")
     out.mkdir(parents=True, exist_ok=True)
     prompt_path = out / PROMPT_FILE
-    prompt_path.write_text(DEMO_INSTRUCTION, encoding="utf-8")
+    prompt_path.write_text(json.dumps(prompt_messages("{question}", settings.template), indent=2) + "\n")
     rl_config(settings, settings.seeds[0], out / f"seed_{settings.seeds[0]}" / "search", prompt_path)
     return prompt_path
-
-
-def starting_model_dir(out: Path, settings: DemoSettings) -> Path:
-    """Where the starting model of these settings lives (see ``DemoSettings.model_cache``)."""
-    if settings.model_cache is None:
-        return out / "starting-model"
-    return Path(settings.model_cache) / settings.pretrain.key()
-
-
-def starting_model(out: Path, settings: DemoSettings, log: Callable[[str], None]) -> Path:
-    """The starting model's folder: reused from ``starting_model_dir``, else pre-trained there."""
-    from searchr1.pretrain import prepare_starting_model
-
-    model_dir = starting_model_dir(out, settings)
-    log(f"starting model: {model_dir} (a tiny LM pre-trained on other worlds; built once, then reused)")
-    return prepare_starting_model(model_dir, settings.pretrain, log=lambda s: log("  " + s))
 
 
 def run_learning_demo(
@@ -332,8 +317,10 @@ def run_learning_demo(
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     prompt_path = check_settings(out, settings)
-    model_dir = starting_model(out, settings, log)
-    manifest = json.loads((model_dir / "pretrain.json").read_text())
+    from searchr1.models import resolve_model
+
+    model_dir = Path(resolve_model(settings.model))
+    log(f"starting model: {settings.model} ({model_dir})")
 
     per_seed: dict[str, Any] = {}
     for seed in settings.seeds:
@@ -351,9 +338,9 @@ def run_learning_demo(
             )
         per_seed[str(seed)] = flat_row(row)
         per_seed[str(seed)]["runs"] = row
-        partial = _summary(per_seed, settings, manifest, model_dir, t_start)
+        partial = _summary(per_seed, settings, model_dir, t_start)
         (out / SUMMARY_FILE).write_text(json.dumps(partial, indent=2) + "\n")  # after every seed
-    summary = _summary(per_seed, settings, manifest, model_dir, t_start)
+    summary = _summary(per_seed, settings, model_dir, t_start)
     (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
@@ -361,19 +348,17 @@ def run_learning_demo(
 def _summary(
     per_seed: dict[str, Any],
     settings: DemoSettings,
-    manifest: dict[str, Any],
     model_dir: Path,
     t_start: float,
 ) -> dict:
+    from searchr1.data.prompts import prompt_messages
+
     return {
         "seeds": per_seed,
         "mean": mean_row([v for v in per_seed.values()]),
-        "settings": {**asdict(settings), "pretrain": asdict(settings.pretrain)},
-        "starting_model": {
-            **{k: manifest[k] for k in ("what_it_saw", "parameters", "tokens_seen", "loss_last", "seconds")},
-            "path": str(model_dir),
-        },
-        "prompt": DEMO_INSTRUCTION,
+        "settings": asdict(settings),
+        "starting_model": {"name": settings.model, "path": str(model_dir)},
+        "prompt": prompt_messages("{question}", settings.template),
         "seconds": time.perf_counter() - t_start,
     }
 
@@ -484,7 +469,6 @@ def print_report(summary: dict[str, Any], out: Path, log: Callable[[str], None] 
         log("after RL:")
         log(render_trajectory(after))
     log("")
-    log(f"starting model saw: {summary['starting_model']['what_it_saw']}")
     for seed in summary["seeds"]:
         runs = summary["seeds"][seed].get("runs", {})
         for mode, r in runs.items():
@@ -542,79 +526,11 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--steps", type=int, default=0, help="RL steps per run (default: the recipe's)")
     parser.add_argument("--no-control", action="store_true", help="skip the search-disabled control runs")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
+    parser.add_argument("--model", default=DEFAULT_MODEL, help=f"starting model (default {DEFAULT_MODEL})")
     parser.add_argument(
-        "--model-cache",
-        default=str(Path("runs") / "starting-models"),
-        help="folder of starting models shared by runs (default runs/starting-models); '' builds the "
-        "model into <out>/starting-model",
-    )
-    parser.add_argument(
-        "--probe",
-        type=int,
-        default=0,
-        metavar="N",
-        help="only sample the starting model's rollouts on N training questions (no RL) and print how "
-        "often it searches, answers and earns reward; then, on 4N questions, its tag probabilities where "
-        "it chooses (after the prompt, after a passage) and, per kind of question, what its sampled "
-        "answers are when shown the right passage (the asked value, a partial match, the question's own "
-        "name, another value, an invented one, none) and how likely it is to start the gold answer "
-        "and to copy the rest of it (teacher-forced)",
+        "--template", default="instruct_1shot", help="prompt template (data.template; default instruct_1shot)"
     )
     parser.add_argument("overrides", nargs="*", help="extra dotted key=value overrides of the RL config")
-
-
-PROBE_SAMPLES = 8
-"""Answers sampled per question by ``--probe``'s per-kind table."""
-
-
-def run_probe(out: Path, settings: DemoSettings, questions: int) -> int:
-    """``--probe N``: the starting model's sampled rollouts on the first seed's world, summarised;
-    its tag probabilities at the two choices (``tag_choices``), its sampled answers per kind of
-    question when the right passage is shown (``answers_given_passage``) and its reading of the gold
-    answer there (``gold_given_passage``), on ``4 N`` questions."""
-    from searchr1.demo_probe import (
-        answers_given_passage,
-        format_answer_shares,
-        format_gold_readings,
-        format_probe,
-        format_tag_choices,
-        gold_given_passage,
-        probe_policy,
-        tag_choices,
-    )
-
-    model_dir = starting_model(out, settings, print)
-    try:
-        result = probe_policy(model_dir, settings, seed=settings.seeds[0], questions=questions)
-        shares = answers_given_passage(
-            model_dir,
-            seed=settings.seeds[0],
-            questions=4 * questions,
-            samples=PROBE_SAMPLES,
-            world=settings.world,
-        )
-        tags = tag_choices(model_dir, seed=settings.seeds[0], questions=4 * questions, world=settings.world)
-        gold = gold_given_passage(
-            model_dir, seed=settings.seeds[0], questions=4 * questions, world=settings.world
-        )
-    except ValueError as exc:
-        from searchr1.cli import UserFacingError
-
-        raise UserFacingError(f"--probe: {exc}") from exc
-    print(format_probe(result))
-    print(format_tag_choices(tags))
-    print(format_answer_shares(shares, PROBE_SAMPLES))
-    print(format_gold_readings(gold))
-    report = {
-        "model": str(model_dir),
-        **result.as_dict(),
-        "tag_choices": asdict(tags),
-        "answers_given_passage": [asdict(r) for r in shares],
-        "gold_given_passage": [asdict(r) for r in gold],
-    }
-    (out / "probe.json").write_text(json.dumps(report, indent=2) + "\n")
-    print(f"probe: {out / 'probe.json'}")
-    return 0
 
 
 def run_from_args(args: Any) -> int:
@@ -628,7 +544,8 @@ def run_from_args(args: Any) -> int:
         steps=args.steps or settings.steps,
         no_search=not args.no_control,
         overrides=[*settings.overrides, *args.overrides],
-        model_cache=args.model_cache or None,
+        model=args.model,
+        template=args.template,
     )
     if args.seeds:
         settings = replace(settings, seeds=tuple(args.seeds))
@@ -639,8 +556,6 @@ def run_from_args(args: Any) -> int:
         from searchr1.cli import UserFacingError
 
         raise UserFacingError(str(exc)) from exc
-    if args.probe:
-        return run_probe(out, settings, args.probe)
     summary = run_learning_demo(out, settings)
     write_reports(summary, out)
     (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")

@@ -43,7 +43,7 @@ def one_thread():
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory):
     """A tiny Qwen2-style model + tokenizer saved as a Hugging Face folder (built once per session)."""
-    from searchr1.models import save_tiny_checkpoint
+    from tinymodel import save_tiny_checkpoint
 
     out = tmp_path_factory.mktemp("tiny-model")
     return save_tiny_checkpoint(out, TINY_TEXTS, seed=0, vocab_size=512)

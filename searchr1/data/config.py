@@ -12,18 +12,14 @@ class DataConfig:
     val_files: list[str] | None = None
     """Validation data, evaluated greedily every `trainer.val_every` steps."""
     template: str = "base"
-    """Prompt template: base | instruct (through the chat template) | path to a file with a {question} slot."""
+    """Prompt template: base | instruct (through the chat template) | instruct_1shot (the instruction as
+    the system message and one worked example, through the chat template) | a path to a .json / .yaml
+    list of chat messages or a text file, with a {question} slot."""
 
     def validate(self, root: object) -> None:
-        from pathlib import Path
+        from searchr1.data.prompts import load_template
 
-        from searchr1.data.prompts import TEMPLATES
-
-        if self.template not in TEMPLATES and not Path(self.template).is_file():
-            raise ValueError(
-                f"data.template: {self.template!r} is neither one of {', '.join(TEMPLATES)} nor an existing file"
-            )
-        if self.template not in TEMPLATES and "{question}" not in Path(self.template).read_text(
-            encoding="utf-8"
-        ):
-            raise ValueError(f"data.template: the template file {self.template} has no {{question}} slot")
+        try:
+            load_template(self.template)
+        except ValueError as exc:
+            raise ValueError(f"data.template: {exc}") from None

@@ -41,8 +41,35 @@ def wrap_information(docs_text: str) -> str:
 # prompt building
 # ---------------------------------------------------------------------------------------------
 
-TEMPLATES = ("base", "instruct")
-"""Built-in template names; any other value is a path to a text file with a ``{question}`` slot."""
+TEMPLATES = ("base", "instruct", "instruct_1shot")
+"""Built-in template names; any other value is a path: a ``.json`` / ``.yaml`` list of chat messages
+or a text file, either with a ``{question}`` slot."""
+CHAT_TEMPLATES = ("instruct", "instruct_1shot")
+"""Built-in templates rendered through the tokenizer's chat template (so are message files)."""
+
+SEARCH_R1_SYSTEM = SEARCH_R1_INSTRUCTION.split(" Question: {question}")[0]
+"""The Search-R1 instruction without its question: the system message of ``instruct_1shot``."""
+
+EXAMPLE_QUESTION = "Where was Pim Aldera born?"
+EXAMPLE_TRAJECTORY = (
+    f"{THINK_OPEN} I do not know Pim Aldera. I should search. {THINK_CLOSE}\n"
+    f"{SEARCH_OPEN} Pim Aldera {SEARCH_CLOSE}"
+    + wrap_information("Doc 1(Title: Pim Aldera) Pim Aldera was born in Tarsk in 1820.\n")
+    + f"{THINK_OPEN} The document says Pim Aldera was born in Tarsk. {THINK_CLOSE}\n"
+    f"{ANSWER_OPEN} Tarsk {ANSWER_CLOSE}"
+)
+"""The one worked example of ``instruct_1shot``, written as the rollout writes a trajectory. Its person
+and city cannot occur in a synthetic world (invented words there start with a consonant and end
+with one of a few codas)."""
+
+ONE_SHOT_MESSAGES = [
+    {"role": "system", "content": SEARCH_R1_SYSTEM},
+    {"role": "user", "content": EXAMPLE_QUESTION},
+    {"role": "assistant", "content": EXAMPLE_TRAJECTORY},
+    {"role": "user", "content": "{question}"},
+]
+"""``instruct_1shot``: the instruction as the system message, one worked example as a user / assistant
+exchange, then the question."""
 
 
 def normalize_question(question: str) -> str:
@@ -53,10 +80,13 @@ def normalize_question(question: str) -> str:
     return q
 
 
-def load_template(template: str) -> str:
-    """The template text for a built-in name or a file path; it must contain ``{question}``."""
+def load_template(template: str) -> str | list[dict[str, str]]:
+    """A template's text, or its chat messages, for a built-in name or a file; it must have ``{question}``."""
+    import json
     from pathlib import Path
 
+    if template == "instruct_1shot":
+        return [dict(m) for m in ONE_SHOT_MESSAGES]
     if template in TEMPLATES:
         return SEARCH_R1_INSTRUCTION
     path = Path(template)
@@ -65,9 +95,33 @@ def load_template(template: str) -> str:
             f"prompt template {template!r} is neither one of {', '.join(TEMPLATES)} nor an existing file"
         )
     text = path.read_text(encoding="utf-8")
+    if path.suffix in (".json", ".yaml", ".yml"):
+        import yaml
+
+        try:
+            messages = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        except (ValueError, yaml.YAMLError) as exc:
+            raise ValueError(f"prompt template file {path}: not valid {path.suffix[1:]}: {exc}") from None
+        if not (
+            isinstance(messages, list)
+            and messages
+            and all(isinstance(m, dict) and set(m) == {"role", "content"} for m in messages)
+        ):
+            raise ValueError(
+                f"prompt template file {path}: expected a list of chat messages "
+                '[{"role": ..., "content": ...}, ...]'
+            )
+        if not any("{question}" in str(m["content"]) for m in messages):
+            raise ValueError(f"prompt template file {path} has no {{question}} slot")
+        return [{"role": str(m["role"]), "content": str(m["content"])} for m in messages]
     if "{question}" not in text:
         raise ValueError(f"prompt template file {path} has no {{question}} slot")
     return text
+
+
+def is_chat_template(template: str) -> bool:
+    """Whether ``template`` is rendered through the tokenizer's chat template."""
+    return template in CHAT_TEMPLATES or template.endswith((".json", ".yaml", ".yml"))
 
 
 def fill_template(template_text: str, question: str) -> str:
@@ -76,16 +130,20 @@ def fill_template(template_text: str, question: str) -> str:
 
 
 def prompt_messages(question: str, template: str = "base") -> list[dict[str, str]]:
-    """The chat-message form stored in the training parquet: one user message with the filled template."""
-    return [{"role": "user", "content": fill_template(load_template(template), question)}]
+    """The chat messages of ``question`` (the form stored in the training parquet): one user message
+    with the filled template, or the template's own messages with the question filled in."""
+    loaded = load_template(template)
+    if isinstance(loaded, list):
+        return [{**m, "content": fill_template(m["content"], question)} for m in loaded]
+    return [{"role": "user", "content": fill_template(loaded, question)}]
 
 
 def render_messages(messages: list[dict[str, str]], template: str = "base", tokenizer: object = None) -> str:
-    """The prompt string for already built messages: joined contents for ``base`` or a user
-    template, the tokenizer's chat template (with the generation prompt) for ``instruct``."""
-    if template == "instruct":
+    """The prompt string for already built messages: the tokenizer's chat template (with the
+    generation prompt) for chat templates (``is_chat_template``), else the joined contents."""
+    if is_chat_template(template):
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-            raise ValueError("template 'instruct' needs a tokenizer with a chat template")
+            raise ValueError(f"template {template!r} needs a tokenizer with a chat template")
         return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)  # type: ignore[attr-defined]
     return "".join(m["content"] for m in messages)
 
@@ -95,6 +153,8 @@ def build_prompt(question: str, template: str = "base", tokenizer: object = None
 
     ``base``: the Search-R1 instruction with the question (plain text, for base models).
     ``instruct``: the same instruction as a user message through ``tokenizer``'s chat template.
-    Anything else: a path to a template file whose ``{question}`` slot receives the question.
+    ``instruct_1shot``: ``ONE_SHOT_MESSAGES`` through the chat template.
+    A path: a ``.json`` / ``.yaml`` list of chat messages (through the chat template) or a text file,
+    with a ``{question}`` slot.
     """
     return render_messages(prompt_messages(question, template), template, tokenizer)

@@ -538,15 +538,3 @@ def write_world(world: World, out_dir: str | Path) -> dict[str, Path]:
     return paths
 
 
-PRETRAIN_SEED_OFFSET = 1_000_003
-
-
-def pretraining_texts(cfg: SynthConfig | None = None, seed: int | None = None) -> list[str]:
-    """Plain passage texts (``Title\\ntext``) of a *differently seeded* world, for self-supervised
-    pre-training of a tiny model: it learns the language of the corpus, not the facts of the
-    world it will be trained and tested on. ``seed`` defaults to ``cfg.seed + PRETRAIN_SEED_OFFSET``.
-    """
-    cfg = cfg or SynthConfig()
-    other = SynthConfig(**{**cfg.__dict__, "seed": cfg.seed + PRETRAIN_SEED_OFFSET if seed is None else seed})
-    world = generate_world(other)
-    return [row["contents"].replace('"', "", 2) for row in world.corpus]

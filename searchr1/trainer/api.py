@@ -13,7 +13,7 @@
     summary = trainer.train(train_data="train.parquet", num_iterations=200, batch_size=64)
 
 Every other setting is reachable with dotted keys: ``SearchR1Trainer(..., overrides={"trainer.actor_lr":
-1e-6, "rollout.n": 5})`` or a YAML file with ``config="configs/grpo_qwen2.5_3b.yaml"``.
+1e-6, "rollout.n": 5})`` or a YAML file with ``config="grpo_qwen2.5_3b"``.
 """
 
 from __future__ import annotations

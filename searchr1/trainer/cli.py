@@ -1,8 +1,8 @@
 """``searchr1 train``: RL training from a YAML config plus dotted overrides.
 
-searchr1 train --config configs/tiny_cpu.yaml trainer.total_steps=50 trainer.out_dir=runs/tiny
-searchr1 train --config configs/grpo_qwen2.5_3b.yaml data.train_files=[train.parquet]
-torchrun --nproc_per_node 8 -m searchr1 train --config configs/ppo_qwen2.5_3b.yaml
+searchr1 train --config tiny_cpu trainer.total_steps=50 trainer.out_dir=runs/tiny
+searchr1 train --config grpo_qwen2.5_3b data.train_files=[train.parquet]
+torchrun --nproc_per_node 8 -m searchr1 train --config ppo_qwen2.5_3b
 searchr1 train --plot runs/tiny                 # (re)write the PNG plots of a run
 searchr1 train --config X.yaml --print-config   # the resolved configuration, nothing trained
 """
@@ -22,7 +22,7 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "--config", help="YAML config file (see configs/); keys not given keep their defaults"
+        "--config", help="YAML config file (or the name of a shipped one: tiny_cpu, grpo_qwen2.5_3b, ppo_qwen2.5_3b, ...); keys not given keep their defaults"
     )
     parser.add_argument(
         "overrides", nargs="*", help="dotted key=value overrides, e.g. trainer.total_steps=10"

@@ -1,9 +1,8 @@
 """Building the pieces of a run from its configuration: data, retriever, tokenizer, policy (LoRA),
 reference, critic, reward; and writing the policy as a Hugging Face folder.
 
-``model.path=tiny`` builds a tiny Qwen2-style model and a tokenizer trained on the run's own texts
-(saved under ``<out_dir>/tiny-model`` and loaded back through ``from_pretrained``).
-``data.train_files`` unset means the embedded synthetic world (generated under ``<out_dir>/world``),
+``model.path`` is anything ``searchr1.models.resolve_model`` accepts (a folder, an alias such as
+``smollm2-135m-instruct``, a ``.gguf`` file, a hub id). ``data.train_files`` unset means the embedded synthetic world (generated under ``<out_dir>/world``),
 with a BM25 index over its corpus unless ``retrieval`` says otherwise.
 """
 
@@ -11,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,21 +44,15 @@ def resolve_data(cfg: Any, out_dir: Path) -> tuple[list[str], list[str], str | N
     return [str(files["train"])], val, str(files["corpus"])
 
 
-def tiny_model_folder(out_dir: Path, texts: list[str], seed: int) -> Path:
-    from searchr1.models import save_tiny_checkpoint
+def prepare_files(cfg: Any, world: bool = True, model: bool = True) -> None:
+    """Write what every rank then reads (idempotent): the synthetic world when no training files are
+    given, and the model's folder when ``model.path`` needs converting (a GGUF file or an alias)."""
+    from searchr1.models import resolve_model
 
-    folder = out_dir / "tiny-model"
-    if not (folder / "config.json").is_file():
-        save_tiny_checkpoint(folder, texts, seed=seed, vocab_size=2048)
-    return folder
-
-
-def prepare_files(cfg: Any) -> None:
-    """Write what every rank then reads: the synthetic world and the tiny model (idempotent)."""
-    out_dir = Path(cfg.trainer.out_dir)
-    train_files, _, corpus = resolve_data(cfg, out_dir)
-    if cfg.model.path == "tiny":
-        tiny_model_folder(out_dir, _tiny_texts(adapters.load_samples(train_files), corpus), cfg.seed)
+    if world:
+        resolve_data(cfg, Path(cfg.trainer.out_dir))
+    if model:
+        resolve_model(cfg.model.path)
 
 
 def build(cfg: Any, injected: dict[str, Any], resume_from: Path | None) -> Built:
@@ -94,9 +86,6 @@ def build(cfg: Any, injected: dict[str, Any], resume_from: Path | None) -> Built
     model = injected.get("model")
     tokenizer = injected.get("tokenizer")
     model_path = cfg.model.path
-    if model is None and model_path == "tiny":
-        texts = _tiny_texts(train_samples, corpus)
-        model_path = str(tiny_model_folder(out_dir, texts, cfg.seed))
     if tokenizer is None:
         tokenizer = load_tokenizer(cfg.model.tokenizer or model_path)
     lora = cfg.model.lora_r > 0
@@ -155,19 +144,6 @@ def build(cfg: Any, injected: dict[str, Any], resume_from: Path | None) -> Built
         lora=lora,
         model_path=str(model_path),
     )
-
-
-def _tiny_texts(samples: list[Any], corpus: str | None) -> list[str]:
-    from searchr1.data.prompts import SEARCH_R1_INSTRUCTION
-
-    texts = [SEARCH_R1_INSTRUCTION] * 20
-    for i, s in enumerate(samples):
-        meta = adapters.sample_meta(s, i)
-        texts.append(meta["question"] + " " + " ".join(meta["golden_answers"]))
-    if corpus:
-        with open(corpus, encoding="utf-8") as fh:
-            texts.extend(json.loads(line)["contents"] for line in fh if line.strip())
-    return texts
 
 
 def _load_hf_weights(folder: Path) -> dict[str, torch.Tensor]:

@@ -15,8 +15,8 @@ KNOWN_ALGORITHMS = ("ppo", "grpo", "rloo", "reinforce", "reinforce_plus_plus")
 
 @dataclass
 class ModelConfig:
-    path: str = "tiny"
-    """Hugging Face hub id or local folder; `tiny` builds the tiny CPU model of the demo."""
+    path: str = "smollm2-135m-instruct"
+    """A local folder, an alias (`smollm2-135m-instruct`: the pip-installed CPU default), a .gguf file or a hub id."""
     dtype: str = "float32"
     """Parameter dtype: float32 | bfloat16 | float16."""
     tokenizer: str | None = None

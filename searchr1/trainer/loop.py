@@ -126,8 +126,12 @@ class RLTrainer:
         from searchr1.trainer import components
 
         torch.manual_seed(self.cfg.seed)
-        if self.dist.is_main and self._injected["train_samples"] is None:
-            components.prepare_files(self.cfg)  # world / tiny model written once, by rank 0
+        if self.dist.is_main:  # the world and the converted model are written once, by rank 0
+            components.prepare_files(
+                self.cfg,
+                world=self._injected["train_samples"] is None,
+                model=self._injected["model"] is None,
+            )
         barrier(self.dist)
         resume_from = checkpoint.resolve_resume(self.tcfg.resume, self.out_dir)
         built = components.build(self.cfg, self._injected, resume_from=resume_from)

@@ -76,9 +76,8 @@ def test_make_reference_copies_and_state_roundtrip():
 
 def test_ema_over_a_lora_policy_updates_only_the_adapters():
     from peft import LoraConfig, get_peft_model
+    from tinymodel import tiny_config
     from transformers import AutoModelForCausalLM
-
-    from searchr1.models import tiny_config
 
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_config(tiny_config(64, num_hidden_layers=1))

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from tinymodel import train_tokenizer
 
 from searchr1.data.prompts import TAGS, build_prompt, normalize_question, prompt_messages
-from searchr1.models import train_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -44,3 +44,35 @@ def test_user_template_file(tmp_path):
         build_prompt("q", str(tmp_path / "bad.txt"))
     with pytest.raises(ValueError, match="neither one of base, instruct"):
         build_prompt("q", "chatty")
+
+
+def test_one_shot_template_puts_the_instruction_in_the_system_message(tok):
+    p = build_prompt("Who founded Berak Institute", "instruct_1shot", tok)
+    assert p.startswith("<|im_start|>system\nAnswer the given question.")
+    assert "Question: {question}" not in p
+    assert "<search> Pim Aldera </search>" in p and "<answer> Tarsk </answer>" in p
+    assert p.endswith("<|im_start|>user\nWho founded Berak Institute?<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_the_worked_example_names_nothing_a_synthetic_world_can_contain():
+    from searchr1.data.prompts import EXAMPLE_TRAJECTORY
+    from searchr1.data.synth import SynthConfig, generate_world
+
+    for seed in range(4):
+        world = generate_world(SynthConfig(seed=seed, num_entities=300))
+        text = " ".join(row["contents"] for row in world.corpus)
+        for name in ("Pim", "Aldera", "Tarsk"):
+            assert name in EXAMPLE_TRAJECTORY and name not in text
+
+
+def test_chat_message_file_template(tmp_path, tok):
+    path = tmp_path / "p.json"
+    path.write_text('[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Q: {question}"}]')
+    assert prompt_messages("who", str(path)) == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Q: who?"},
+    ]
+    assert build_prompt("who", str(path), tok).endswith("<|im_start|>user\nQ: who?<|im_end|>\n<|im_start|>assistant\n")
+    path.write_text("[not json")
+    with pytest.raises(ValueError, match="not valid json"):
+        build_prompt("q", str(path), tok)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from searchr1.data.synth import SynthConfig, generate_world, pretraining_texts, write_world
+from searchr1.data.synth import SynthConfig, generate_world, write_world
 
 SMALL = SynthConfig(num_entities=120, num_train=300, num_val=40, num_test=60, seed=7)
 
@@ -132,15 +132,6 @@ def test_bad_knobs_are_rejected_with_the_field_name():
         generate_world(SynthConfig(num_entities=3))
     with pytest.raises(ValueError, match="distractor_density"):
         generate_world(SynthConfig(distractor_density=1.5))
-
-
-def test_pretraining_texts_come_from_a_differently_seeded_world(world):
-    texts = pretraining_texts(SMALL)
-    assert len(texts) > 50 and all("\n" in t and '"' not in t.split("\n")[0] for t in texts)
-    pre_titles = {t.split("\n", 1)[0] for t in texts}
-    world_titles = set(world.entities)
-    assert len(pre_titles & world_titles) < 0.05 * len(world_titles)
-    assert pretraining_texts(SMALL) == texts
 
 
 def test_bm25_finds_the_needed_passage_in_top3_for_most_single_hop_questions(world, tmp_path):

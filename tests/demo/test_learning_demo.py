@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import pytest
-from tiny_pretrain import TINY_PRETRAIN
 
 from searchr1.learning_demo import (
     DemoSettings,
@@ -30,9 +28,14 @@ def test_no_search_backend_finds_nothing():
     assert NoSearch().search(["Alice Verdan", "Borvik"], topk=3) == [[], []]
 
 
-def test_tiny_run_writes_the_summary_with_both_runs(tmp_path):
+def test_tiny_run_writes_the_summary_with_both_runs(tmp_path, tiny_model_dir):
     settings = DemoSettings(
-        seeds=(3,), num_test=4, pretrain=TINY_PRETRAIN, overrides=TINY_RL, world={"num_entities": 40}
+        seeds=(3,),
+        num_test=4,
+        model=str(tiny_model_dir),
+        template="base",
+        overrides=TINY_RL,
+        world={"num_entities": 40},
     )
     summary = run_learning_demo(tmp_path, settings, log=lambda s: None)
     on_disk = json.loads((tmp_path / "summary.json").read_text())
@@ -48,7 +51,7 @@ def test_tiny_run_writes_the_summary_with_both_runs(tmp_path):
         (tmp_path / "seed_3" / "no_search" / "eval_after" / "trajectories.jsonl").read_text().splitlines()
     ):
         assert all(hits == [] for hits in json.loads(line)["documents"])
-    assert "what_it_saw" in summary["starting_model"]
+    assert summary["starting_model"]["path"] == str(tiny_model_dir)
     assert "search disabled" in format_results(summary)
     # per kind of question: every test question counted once, EM as the overall one
     by_relation = runs["search"]["by_relation"]
@@ -106,7 +109,6 @@ def test_bad_settings_fail_before_anything_is_built(tmp_path, argv, capsys):
 
     assert main(["--out", str(tmp_path), *argv]) == 2
     assert "error:" in capsys.readouterr().err
-    assert not (tmp_path / "starting-model").exists()
 
 
 def test_searchr1_demo_runs_the_learning_demo(tmp_path, capsys):
@@ -114,16 +116,4 @@ def test_searchr1_demo_runs_the_learning_demo(tmp_path, capsys):
 
     assert main(["demo", "--quick", "--out", str(tmp_path), "--algorithm", "nope"]) == 2
     assert "--algorithm" in capsys.readouterr().err
-    assert (tmp_path / "prompt.txt").is_file() and not (tmp_path / "starting-model").exists()
-
-
-def test_the_starting_model_is_shared_through_the_cache_folder(tmp_path):
-    from searchr1.learning_demo import starting_model_dir
-
-    own = DemoSettings(pretrain=TINY_PRETRAIN)
-    assert starting_model_dir(tmp_path / "run", own) == tmp_path / "run" / "starting-model"
-    shared = DemoSettings(pretrain=TINY_PRETRAIN, model_cache=str(tmp_path / "cache"))
-    a = starting_model_dir(tmp_path / "run1", shared)
-    assert a == starting_model_dir(tmp_path / "run2", shared) == tmp_path / "cache" / TINY_PRETRAIN.key()
-    other = replace(shared, pretrain=replace(TINY_PRETRAIN, seed=5))
-    assert starting_model_dir(tmp_path / "run1", other) != a
+    assert (tmp_path / "prompt.json").is_file()

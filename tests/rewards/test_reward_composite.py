@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from tinymodel import train_tokenizer
 
 from searchr1.data.prompts import SEARCH_R1_INSTRUCTION, format_observation_docs, wrap_information
-from searchr1.models import train_tokenizer
 from searchr1.retrieval.base import Hit
 from searchr1.rewards import REWARD_COMPONENTS, RewardConfig, build_reward, context_from_text
 from searchr1.rollout.types import Role, Trajectory

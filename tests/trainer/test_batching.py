@@ -7,9 +7,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tinymodel import tiny_config
 from torch import nn
 
-from searchr1.models import tiny_config
 from searchr1.trainer.batching import (
     make_micro_batches,
     padding_stats,

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tinymodel import tiny_config
 from torch import nn
 
-from searchr1.models import tiny_config
 from searchr1.trainer.logprobs import (
     chunked_head_logprobs,
     decoder_of,

@@ -16,6 +16,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from searchr1.errors import UserFacingError
+
 # Modules exposing ``register(subparsers)``; heavy imports happen inside their handlers so that
 # ``searchr1 --help`` stays fast.
 COMMAND_MODULES = [
@@ -62,10 +64,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return int(result or 0)
-
-
-class UserFacingError(Exception):
-    """An error whose message is the whole story for the user (no traceback is shown)."""
 
 
 if __name__ == "__main__":  # `python -m searchr1.cli`: use the package's own module so errors match

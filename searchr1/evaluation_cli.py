@@ -135,7 +135,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _error(message: str) -> Exception:
-    from searchr1.cli import UserFacingError
+    from searchr1.errors import UserFacingError
 
     return UserFacingError(message)
 

@@ -503,7 +503,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="searchr1 demo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     add_arguments(parser)
-    from searchr1.cli import UserFacingError
+    from searchr1.errors import UserFacingError
 
     try:
         return run_from_args(parser.parse_args(argv))
@@ -553,7 +553,7 @@ def run_from_args(args: Any) -> int:
     try:
         check_settings(out, settings)
     except ValueError as exc:  # bad --algorithm / override: a clean message before anything is built
-        from searchr1.cli import UserFacingError
+        from searchr1.errors import UserFacingError
 
         raise UserFacingError(str(exc)) from exc
     summary = run_learning_demo(out, settings)

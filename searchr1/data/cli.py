@@ -112,7 +112,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _parse_mix(text: str) -> dict[str, float]:
-    from searchr1.cli import UserFacingError
+    from searchr1.errors import UserFacingError
 
     mix = {}
     for part in text.split(","):
@@ -129,9 +129,9 @@ def _parse_mix(text: str) -> dict[str, float]:
 
 
 def _synth(args: argparse.Namespace) -> int:
-    from searchr1.cli import UserFacingError
     from searchr1.data.formats import load_samples, write_parquet
     from searchr1.data.synth import SynthConfig, generate_world, write_world
+    from searchr1.errors import UserFacingError
 
     cfg = SynthConfig(
         num_entities=args.entities,
@@ -174,9 +174,9 @@ def _report_skipped(stats) -> None:
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from searchr1.cli import UserFacingError
     from searchr1.data.formats import DataError, LoadStats, load_samples, write_samples
     from searchr1.data.prompts import load_template
+    from searchr1.errors import UserFacingError
 
     stats = LoadStats()
     try:
@@ -205,8 +205,8 @@ def _prepare(args: argparse.Namespace) -> int:
 
 
 def _merge(args: argparse.Namespace) -> int:
-    from searchr1.cli import UserFacingError
     from searchr1.data.formats import DataError, LoadStats, load_samples, merge_samples, write_samples
+    from searchr1.errors import UserFacingError
 
     stats = LoadStats()
     try:

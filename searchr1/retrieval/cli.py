@@ -129,8 +129,8 @@ def _add_backend_args(p: argparse.ArgumentParser) -> None:
 
 
 def _retriever_from_args(args: argparse.Namespace):
-    from searchr1.cli import UserFacingError
     from searchr1.config import ConfigError, load_config
+    from searchr1.errors import UserFacingError
 
     overrides = list(args.set)
     if args.index:
@@ -169,7 +169,7 @@ def _retriever_from_args(args: argparse.Namespace):
 
 
 def _index_build(args: argparse.Namespace) -> int:
-    from searchr1.cli import UserFacingError
+    from searchr1.errors import UserFacingError
     from searchr1.retrieval.index import build_index
 
     none = lambda v: None if v in (None, "none", "None", "") else v  # noqa: E731
@@ -203,7 +203,7 @@ def _index_build(args: argparse.Namespace) -> int:
 
 
 def _search(args: argparse.Namespace) -> int:
-    from searchr1.cli import UserFacingError
+    from searchr1.errors import UserFacingError
     from searchr1.retrieval.base import SearchError
 
     retriever, cfg = _retriever_from_args(args)

@@ -50,8 +50,8 @@ def resolve_config_path(path: str | None) -> str | None:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from searchr1.cli import UserFacingError
     from searchr1.config import ConfigError, describe, load_config, to_dict
+    from searchr1.errors import UserFacingError
 
     if args.list_keys:
         for key, default, doc in describe():

@@ -255,3 +255,59 @@ def load_model(name: str | Path, dtype: str = "float32", device: str | torch.dev
         raise ValueError(f"model.dtype: expected one of {sorted(DTYPES)}, got {dtype!r}")
     model = AutoModelForCausalLM.from_pretrained(resolve_model(name), dtype=DTYPES[dtype])
     return model.to(device)
+
+
+# -- plain weights and generation copies ----------------------------------------------------------------
+
+
+def merged_lora_state_dict(peft_model: Any) -> dict[str, torch.Tensor]:
+    """Base-model state dict with every LoRA delta folded in (W + scale * B A), adapter untouched."""
+    from peft.tuners.lora import LoraLayer
+
+    base = peft_model.get_base_model()
+    deltas: dict[str, torch.Tensor] = {}
+    for name, module in base.named_modules():
+        if isinstance(module, LoraLayer):
+            weight = module.get_base_layer().weight
+            delta = sum(module.get_delta_weight(a) for a in module.active_adapters if a in module.lora_A)
+            deltas[f"{name}.weight"] = weight.detach() + delta.detach()
+    out: dict[str, torch.Tensor] = {}
+    for key, value in base.state_dict().items():
+        if "lora_" in key:
+            continue
+        clean = key.replace(".base_layer.", ".")
+        out[clean] = deltas.get(clean, value.detach())
+    return out
+
+
+def is_peft_model(model: Any) -> bool:
+    return callable(getattr(model, "get_base_model", None)) and hasattr(model, "peft_config")
+
+
+def plain_state_dict(model: Any) -> dict[str, torch.Tensor]:
+    """The weights of ``model`` as a plain causal LM would hold them (LoRA merged in)."""
+    if is_peft_model(model):
+        return merged_lora_state_dict(model)
+    return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+def generation_copy(model: Any, dtype: torch.dtype) -> Any:
+    """A plain, frozen copy of ``model`` (LoRA merged in) in ``dtype``, for generation only; refresh it
+    with ``copy_weights(model, copy)`` after each update."""
+    from transformers import AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+
+    base = model.get_base_model() if is_peft_model(model) else model
+    device = next(base.parameters()).device
+    with no_init_weights(), torch.device(device):
+        copy = AutoModelForCausalLM.from_config(base.config, dtype=dtype)
+    copy.load_state_dict(plain_state_dict(model), strict=False)
+    copy.generation_config = base.generation_config
+    copy.requires_grad_(False)
+    return copy.eval()
+
+
+@torch.no_grad()
+def copy_weights(model: Any, copy: Any) -> None:
+    """Load ``model``'s current weights (LoRA merged in) into its ``generation_copy``."""
+    copy.load_state_dict(plain_state_dict(model), strict=False)

@@ -21,6 +21,7 @@ def run_overrides(
         "retrieval.corpus": str(corpus),
         "retrieval.topk": 1,
         "rollout.n": 2,
+        "rollout.dtype": "model",  # the same float32 numbers on every machine
         "rollout.max_turns": 1,
         "rollout.max_turn_tokens": 6,
         "rollout.max_obs_tokens": 12,

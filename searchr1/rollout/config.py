@@ -10,6 +10,10 @@ from typing import Any
 class RolloutConfig:
     engine: str = "hf"
     """Generation engine: hf (KV-cached, async search) | turn_sync (reference: re-encodes every turn)."""
+    dtype: str = "auto"
+    """Generation dtype of the HF engines: auto (bfloat16 where the GPU or CPU has bfloat16 units, else the
+    model's) | model | float32 | bfloat16 | float16. Another dtype than the model's, or LoRA, makes the
+    engine generate with its own merged copy of the policy, refreshed after every update."""
     n: int = 5
     """Trajectories sampled per prompt (the GRPO group size)."""
     max_turns: int = 4
@@ -46,6 +50,8 @@ class RolloutConfig:
     """Rows decoded together; further prompts take the slots of finished rows (continuous batching)."""
 
     def validate(self, root: Any) -> None:
+        if self.dtype not in ("auto", "model", "float32", "bfloat16", "float16"):
+            raise ValueError(f"rollout.dtype: expected auto | model | float32 | bfloat16 | float16, got {self.dtype!r}")
         if self.engine not in ("hf", "turn_sync"):
             raise ValueError(f"rollout.engine: expected hf | turn_sync, got {self.engine!r}")
         positive = ("n", "max_turn_tokens", "max_obs_tokens", "max_response_tokens", "max_query_chars")

@@ -27,6 +27,7 @@ import torch
 
 from searchr1.retrieval.base import Retriever
 from searchr1.rollout.actions import StopDetector, eos_token_ids
+from searchr1.rollout.attention import decode_attention_for
 from searchr1.rollout.config import RolloutConfig
 from searchr1.rollout.engine import RolloutEngine
 from searchr1.rollout.episode import Episode, EpisodeContext
@@ -48,10 +49,12 @@ class _HFEngineBase(RolloutEngine):
         topk: int = 3,
         steer: Steer | None = None,
     ) -> None:
-        self.model = model
+        self.policy = model
+        """The trainer's model (maybe LoRA-wrapped); generation reads ``self.model``."""
         self.tokenizer = tokenizer
         self.retriever = retriever
         self.config = config or RolloutConfig()
+        self.model = self._generation_model(model)
         self.topk = topk
         self.steer = steer
         self.stop = StopDetector(tokenizer, eos_token_ids(tokenizer, model))
@@ -66,6 +69,26 @@ class _HFEngineBase(RolloutEngine):
         )
         self.last_stats: dict[str, float] = {}
 
+    def _generation_model(self, model: Any) -> Any:
+        """``model`` itself, or a frozen copy of it in the generation dtype (``rollout.dtype``) with any
+        LoRA adapter merged in, when the dtype differs or LoRA is on (sharded models are shared)."""
+        from searchr1.models import generation_copy, is_peft_model
+        from searchr1.precision import compute_dtype
+
+        params = list(model.parameters())
+        if any(type(p).__name__ == "DTensor" for p in params):
+            return model
+        own = params[0].dtype
+        dtype = compute_dtype(self.config.dtype, params[0].device, own, "rollout.dtype")
+        if dtype == own and not is_peft_model(model):
+            return model
+        return generation_copy(model, dtype)
+
+    @property
+    def owns_copy(self) -> bool:
+        """Generation runs on a copy that ``update_weights`` refreshes from the policy."""
+        return self.model is not self.policy
+
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
@@ -79,12 +102,14 @@ class _HFEngineBase(RolloutEngine):
         self.runner.close()
 
     def update_weights(self, state_dict: Mapping[str, Any] | None = None) -> None:
-        """The HF engines decode with the trainer's own model object: nothing to copy.
+        """Generate with the policy's current weights: refresh the generation copy from the policy (a
+        no-op when the policy itself generates), or load ``state_dict`` (from a separate trainer copy)."""
+        from searchr1.models import copy_weights
 
-        A ``state_dict`` (from a separate trainer copy) is loaded into the engine's model.
-        """
         if state_dict is not None:
             self.model.load_state_dict(dict(state_dict), strict=False)
+        elif self.owns_copy:
+            copy_weights(self.policy, self.model)
 
     def _prepare(
         self,
@@ -141,7 +166,7 @@ class _HFEngineBase(RolloutEngine):
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch.no_grad():
+            with torch.no_grad(), decode_attention_for(self.model):
                 return self._generate(prompt_ids, metas, sampling, seed)
         finally:
             self.model.train(was_training)

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from searchr1.models import merged_lora_state_dict
 from searchr1.trainer import adapters
 from searchr1.trainer.distributed import DistInfo, full_state_dict, unwrap
 
@@ -175,26 +176,6 @@ def _apply_lora(model: torch.nn.Module, mcfg: Any, resume_from: Path | None) -> 
     return get_peft_model(model, config)
 
 
-def merged_lora_state_dict(peft_model: Any) -> dict[str, torch.Tensor]:
-    """Base-model state dict with every LoRA delta folded in (W + scale * B A), adapter untouched."""
-    from peft.tuners.lora import LoraLayer
-
-    base = peft_model.get_base_model()
-    deltas: dict[str, torch.Tensor] = {}
-    for name, module in base.named_modules():
-        if isinstance(module, LoraLayer):
-            weight = module.get_base_layer().weight
-            delta = sum(module.get_delta_weight(a) for a in module.active_adapters if a in module.lora_A)
-            deltas[f"{name}.weight"] = (weight.detach() + delta.detach()).cpu()
-    out: dict[str, torch.Tensor] = {}
-    for key, value in base.state_dict().items():
-        if "lora_" in key:
-            continue
-        clean = key.replace(".base_layer.", ".")
-        out[clean] = deltas.get(clean, value.detach().cpu())
-    return out
-
-
 def save_policy(
     policy: torch.nn.Module,
     tokenizer: Any,
@@ -209,7 +190,8 @@ def save_policy(
     if lora:
         model.save_pretrained(str(folder / "adapter"))
         base = model.get_base_model()
-        base.save_pretrained(str(target), state_dict=merged_lora_state_dict(model), safe_serialization=True)
+        merged = {k: v.cpu() for k, v in merged_lora_state_dict(model).items()}
+        base.save_pretrained(str(target), state_dict=merged, safe_serialization=True)
     else:
         sd = (
             state_dict

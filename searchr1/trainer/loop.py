@@ -425,6 +425,7 @@ class RLTrainer:
             bf16_autocast=self.cfg.model.bf16_autocast,
             reference_logits_fn=self._reference_logits if self.algo.kl_loss_type != "token" else None,
         )
+        self.engine.update_weights()  # a generation copy (another dtype, merged LoRA) follows the policy
         t_update = time.perf_counter() - t0
         metrics.update(upd_metrics)
         if update_actor:

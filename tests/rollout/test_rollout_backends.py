@@ -36,7 +36,7 @@ def bm25():
 def _rollout(tiny, retriever, **cfg):
     model, tok = tiny
     prompts = [tok.encode("Question: where was Alice Verdan born?", add_special_tokens=False)] * 2
-    config = RolloutConfig(max_turn_tokens=48, **cfg)
+    config = RolloutConfig(max_turn_tokens=48, dtype="model", **cfg)
     with HFRolloutEngine(model, tok, retriever, config, topk=2, steer=ScriptedTurns(tok)) as eng:
         return eng.generate(prompts, [{"script": SCRIPT}] * 2, sampling=SamplingParams(), seed=0)
 

@@ -38,6 +38,7 @@ def scripted_metas(n: int, seed: int = 0, searches: tuple[int, int] = (1, 3)) ->
 def engine(cls, tiny, retriever=None, **cfg):
     model, tok = tiny
     cfg.setdefault("max_turn_tokens", 48)
+    cfg.setdefault("dtype", "model")  # exact float32 comparisons (the bfloat16 copy is tested on its own)
     return cls(
         model, tok, retriever or ScriptedRetriever(), RolloutConfig(**cfg), topk=2, steer=ScriptedTurns(tok)
     )
@@ -307,7 +308,7 @@ def test_unsteered_sampling_respects_top_k_1(tiny):
     """top_k=1 sampling is greedy decoding."""
     _, tok = tiny
     model = tiny[0]
-    eng = HFRolloutEngine(model, tok, ScriptedRetriever(), RolloutConfig(max_turn_tokens=12, max_turns=1))
+    eng = HFRolloutEngine(model, tok, ScriptedRetriever(), RolloutConfig(max_turn_tokens=12, max_turns=1, dtype="model"))
     with eng:
         a = eng.generate(prompts_of(tok, 2), sampling=SamplingParams(top_k=1), seed=0)
         b = eng.generate(prompts_of(tok, 2), sampling=SamplingParams.greedy_eval(), seed=1)

@@ -67,3 +67,24 @@ def compute_dtype(requested: str, device: torch.device, fallback: torch.dtype, k
             )
         return fallback
     return dtype
+
+
+def autocast(device: torch.device, enabled: bool) -> torch.autocast:
+    """bfloat16 autocast on ``device`` when ``enabled`` and bfloat16 is fast there; else a disabled one."""
+    on = enabled and fast_bf16(device)
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=on)
+
+
+def frozen_linears_to_bf16(model: torch.nn.Module) -> int:
+    """Store the frozen weights of the ``nn.Linear`` layers of ``model`` in bfloat16 (the base weights under
+    LoRA, which autocast would otherwise convert at every forward); embeddings, norms, the LM head and every
+    trainable parameter keep their dtype. Returns the number of weights converted."""
+    head = getattr(model, "get_output_embeddings", lambda: None)()
+    converted = 0
+    for module in model.modules():
+        if type(module) is torch.nn.Linear and module is not head:
+            for param in module.parameters(recurse=False):
+                if not param.requires_grad and param.dtype != torch.bfloat16:
+                    param.data = param.data.to(torch.bfloat16)
+                    converted += 1
+    return converted

@@ -22,6 +22,7 @@ def run_overrides(
         "retrieval.topk": 1,
         "rollout.n": 2,
         "rollout.dtype": "model",  # the same float32 numbers on every machine
+        "model.bf16_autocast": False,
         "rollout.max_turns": 1,
         "rollout.max_turn_tokens": 6,
         "rollout.max_obs_tokens": 12,

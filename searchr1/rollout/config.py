@@ -14,6 +14,9 @@ class RolloutConfig:
     """Generation dtype of the HF engines: auto (bfloat16 where the GPU or CPU has bfloat16 units, else the
     model's) | model | float32 | bfloat16 | float16. Another dtype than the model's, or LoRA, makes the
     engine generate with its own merged copy of the policy, refreshed after every update."""
+    fast_decode: bool = True
+    """KV cache layers with spare capacity, one prompt computation for fresh rows fed the same prompt, and
+    matmul attention for single-token steps; false: transformers' DynamicCache and SDPA (the benchmark baseline)."""
     n: int = 5
     """Trajectories sampled per prompt (the GRPO group size)."""
     max_turns: int = 4

@@ -18,6 +18,7 @@ Both engines store log-probs at the sampling temperature (see ``searchr1.rollout
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -166,7 +167,8 @@ class _HFEngineBase(RolloutEngine):
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch.no_grad(), decode_attention_for(self.model):
+            fast = decode_attention_for(self.model) if self.config.fast_decode else contextlib.nullcontext()
+            with torch.no_grad(), fast:
                 return self._generate(prompt_ids, metas, sampling, seed)
         finally:
             self.model.train(was_training)
@@ -199,7 +201,7 @@ class HFRolloutEngine(_HFEngineBase):
         generators = row_generators(seed, n, self.device)
         episodes: list[Episode | None] = [None] * n
         queue = deque(range(n))
-        kv = KVBatch(self.model, min(self.config.max_batch_rows, n), self.pad_id)
+        kv = KVBatch(self.model, min(self.config.max_batch_rows, n), self.pad_id, fast=self.config.fast_decode)
         slot_episode: list[int | None] = [None] * kv.n_slots
         waiting: set[int] = set()
         jobs: list[SearchJob] = []
@@ -270,6 +272,7 @@ class HFRolloutEngine(_HFEngineBase):
             "decode_steps": float(steps),
             "compactions": float(compactions),
             "peak_kv_cache_bytes": float(kv.peak_cache_bytes),
+            "shared_prompt_tokens": float(kv.shared_prompt_tokens),
         }
         return [ep.finalize(t0) for ep in episodes if ep is not None]
 
@@ -299,7 +302,7 @@ class TurnSyncRolloutEngine(_HFEngineBase):
                 if not active:
                     break
                 # one turn for every active row, from a fresh cache over the whole context
-                kv = KVBatch(self.model, len(active), self.pad_id)
+                kv = KVBatch(self.model, len(active), self.pad_id, fast=self.config.fast_decode)
                 feeds = {k: ep.context_ids for k, ep in enumerate(active)}
                 ended: set[int] = set()
                 while feeds:

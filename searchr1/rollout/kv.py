@@ -112,12 +112,16 @@ def growing_cache(config: Any) -> Any:
 class KVBatch:
     """Slots of token streams decoded together with one cache; see the module docstring."""
 
-    def __init__(self, model: Any, n_slots: int, pad_id: int) -> None:
+    def __init__(self, model: Any, n_slots: int, pad_id: int, fast: bool = True) -> None:
+        from transformers import DynamicCache
+
         self.model = model
         self.pad_id = int(pad_id)
+        self.fast = fast
+        """Growing cache layers and shared prompts; False: transformers' DynamicCache, every row computed."""
         self.device = next(model.parameters()).device
         self.config = model_config(model)
-        self.cache = growing_cache(self.config)
+        self.cache = growing_cache(self.config) if fast else DynamicCache(config=self.config)
         self.mask = torch.zeros(n_slots, 0, dtype=torch.long, device=self.device)
         self.n_real = [0] * n_slots
         """Tokens each slot holds (its next position id)."""
@@ -192,7 +196,7 @@ class KVBatch:
         first: dict[tuple[int, ...], int] = {}
         rep: dict[int, int] = {}
         for slot in sorted(feeds):
-            key = tuple(feeds[slot]) if self.n_real[slot] == 0 else None
+            key = tuple(feeds[slot]) if self.n_real[slot] == 0 and self.fast else None
             rep[slot] = first.setdefault(key, slot) if key is not None else slot
         return rep
 
@@ -311,7 +315,7 @@ class KVBatch:
         layers = getattr(self.cache, "layers", None)
         if not layers:
             return False
-        return all(isinstance(layer, GrowingLayer) for layer in layers)
+        return all(type(layer) in (GrowingLayer, DynamicLayer) for layer in layers)
 
     def waste(self) -> int:
         """Cache columns beyond what the longest stream needs."""

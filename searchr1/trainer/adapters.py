@@ -22,10 +22,12 @@ class PolicyLogprobs(nn.Module):
     """Wraps a causal LM: ``forward`` returns per-token log-probs (and entropies) via the chunked
     LM head of ``searchr1.trainer.logprobs`` (never full-vocabulary float32 logits)."""
 
-    def __init__(self, model: nn.Module, chunk_size: int = 1024) -> None:
+    def __init__(self, model: nn.Module, chunk_size: int = 1024, share_prefix: bool = False) -> None:
         super().__init__()
         self.model = model
         self.chunk_size = chunk_size
+        self.share_prefix = share_prefix
+        """Run a prompt prefix common to every row of a micro-batch once (``final_hidden_states``)."""
 
     def forward(
         self,
@@ -53,6 +55,7 @@ class PolicyLogprobs(nn.Module):
             temperature=temperature,
             return_entropy=return_entropy,
             target_mask=target_mask,
+            share_prefix=self.share_prefix,
         )
         if return_entropy:
             return out

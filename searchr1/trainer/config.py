@@ -36,7 +36,8 @@ class ModelConfig:
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (less memory, ~30% more compute)."""
     bf16_autocast: bool = True
-    """Autocast forward passes to bfloat16 where the device supports it (CUDA with bf16); ignored on CPU."""
+    """Autocast forward passes to bfloat16 where the device has bfloat16 units (CUDA GPUs with bf16, CPUs with
+    AVX512-BF16 / AMX); elsewhere float32. With LoRA the frozen base weights are then kept in bfloat16."""
 
     def validate(self, root: Any) -> None:
         if self.lora_r < 0:
@@ -67,6 +68,12 @@ class TrainerConfig:
     """If > 0, pack micro-batches up to this many tokens (length-bucketed) instead of a fixed count."""
     ppo_epochs: int = 1
     """Passes over each rollout batch."""
+    share_prompt_prefix: bool = True
+    """Run the prompt tokens that every row of a micro-batch starts with once (a group's prompt, or an
+    instruction all prompts share) and let the rows attend to them as a cache; off: every row computes them."""
+    on_policy_logprobs: bool = True
+    """When the update is on-policy (one epoch, one mini-batch, no KL in the reward) take the old log-probs
+    from the update's own forward pass (detached) instead of a separate pass over the batch."""
     actor_lr: float = 1e-6
     """Peak learning rate of the policy."""
     critic_lr: float = 1e-5

@@ -186,12 +186,66 @@ def final_hidden_states(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor | None,
     position_ids: torch.Tensor | None = None,
+    shared_prefix: int = 0,
 ) -> torch.Tensor:
-    """``[B, T, H]`` last-layer hidden states (after the final norm) of the decoder of ``model``."""
-    out = decoder_of(model)(
-        input_ids=input_ids, use_cache=False, **attention_kwargs(model, attention_mask, position_ids)
+    """``[B, T, H]`` last-layer hidden states (after the final norm) of the decoder of ``model``.
+
+    ``shared_prefix = p > 0``: the first ``p`` tokens are the same real tokens in every row (a prompt
+    that every trajectory of the batch starts with). They run once, as one row; their keys and values
+    are expanded to every row and the rest of each row attends to them as a cache. The result equals
+    the plain forward (up to float rounding), and so do the gradients: the expanded cache sums the
+    rows' gradients back into the one prefix computation. For ``B`` rows that share ``p`` of ``T``
+    tokens, the decoder computes ``p + B (T - p)`` token positions instead of ``B T``.
+    """
+    decoder = decoder_of(model)
+    if shared_prefix <= 0:
+        out = decoder(
+            input_ids=input_ids, use_cache=False, **attention_kwargs(model, attention_mask, position_ids)
+        )
+        return out[0] if isinstance(out, tuple) else out.last_hidden_state
+    from transformers import DynamicCache
+
+    p, (b, t) = shared_prefix, input_ids.shape
+    if not 0 < p < t or position_ids is not None:
+        raise ValueError(f"shared_prefix={p} needs 0 < p < {t} and no packed position_ids")
+    config = unwrap_causal_lm(model).config
+    prefix_cache = DynamicCache(config=config)
+    head = decoder(input_ids=input_ids[:1, :p], past_key_values=prefix_cache, use_cache=True)
+    shared = DynamicCache(config=config)
+    for i, layer in enumerate(prefix_cache.layers):
+        shared.update(layer.keys.expand(b, -1, -1, -1), layer.values.expand(b, -1, -1, -1), i)
+    mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
+    rest = decoder(
+        input_ids=input_ids[:, p:],
+        attention_mask=mask,
+        position_ids=torch.arange(p, t, device=input_ids.device).expand(b, -1),
+        past_key_values=shared,
+        use_cache=True,
     )
-    return out[0] if isinstance(out, tuple) else out.last_hidden_state
+    return torch.cat([head.last_hidden_state.expand(b, -1, -1), rest.last_hidden_state], dim=1)
+
+
+def common_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> int:
+    """How many leading columns hold the same real token in every row (at most ``T - 1``)."""
+    same = (input_ids == input_ids[:1]).all(dim=0)
+    if attention_mask is not None:
+        same &= attention_mask.bool().all(dim=0)
+    run = int(same.long().cumprod(0).sum())
+    return min(run, input_ids.shape[1] - 1)
+
+
+MIN_SHARED_PREFIX = 16
+"""Shorter common prefixes are not worth a separate pass."""
+
+
+def shareable_prefix(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> int:
+    """The prefix length ``final_hidden_states`` may share for this batch, or 0: rows must share at least
+    ``MIN_SHARED_PREFIX`` tokens, and the model must not recompute its layers in the backward pass
+    (gradient checkpointing would replay the cache updates)."""
+    if input_ids.shape[0] < 2 or getattr(unwrap_causal_lm(model), "is_gradient_checkpointing", False):
+        return 0
+    p = common_prefix_length(input_ids, attention_mask)
+    return p if p >= MIN_SHARED_PREFIX else 0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -382,6 +436,7 @@ def token_logprobs(
     temperature: float = 1.0,
     return_entropy: bool = False,
     target_mask: torch.Tensor | None = None,
+    share_prefix: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``[B, T]`` float32 log-probs of each token given its prefix (``[:, 0]`` and invalid positions
     are 0; see the module docstring), and with ``return_entropy`` the ``[B, T]`` entropies of the
@@ -392,8 +447,10 @@ def token_logprobs(
     ``target_mask`` (``[B, T]`` bool) restricts the computation further, e.g. to the generated
     tokens: the LM head then runs only there (prompt tokens are free). ``chunk_size`` rows of the
     LM head are computed at once (default ``default_chunk_size(V)``: a 64 MiB float32 block).
+    ``share_prefix``: run a prompt prefix common to every row once (``final_hidden_states``).
     """
-    hidden = final_hidden_states(model, input_ids, attention_mask, position_ids)
+    prefix = shareable_prefix(model, input_ids, attention_mask) if share_prefix and position_ids is None else 0
+    hidden = final_hidden_states(model, input_ids, attention_mask, position_ids, shared_prefix=prefix)
     valid = valid_target_mask(input_ids, attention_mask, position_ids)
     if target_mask is not None:
         valid &= target_mask.bool()

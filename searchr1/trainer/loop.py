@@ -148,8 +148,16 @@ class RLTrainer:
         )
         self.lora = built.lora
         self.base_model_path = built.model_path
+        if self.lora and self.cfg.model.bf16_autocast:
+            from searchr1.precision import fast_bf16, frozen_linears_to_bf16
+
+            if fast_bf16(self.device):
+                frozen_linears_to_bf16(self.policy)
         self.actor = wrap_model(
-            adapters.PolicyLogprobs(self.policy), self.dist, self.tcfg.strategy, self.device
+            adapters.PolicyLogprobs(self.policy, share_prefix=self.tcfg.share_prompt_prefix),
+            self.dist,
+            self.tcfg.strategy,
+            self.device,
         )
         trainable = [p for p in self.policy.parameters() if p.requires_grad]  # before any forward
         betas = tuple(self.tcfg.adam_betas)
@@ -242,10 +250,10 @@ class RLTrainer:
             )
         return trajs, groups, time.perf_counter() - t0
 
-    def _autocast(self):
-        if self.cfg.model.bf16_autocast and self.device.type == "cuda" and torch.cuda.is_bf16_supported():
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+    def _autocast(self) -> torch.autocast:
+        from searchr1.precision import autocast
+
+        return autocast(self.device, self.cfg.model.bf16_autocast)
 
     @torch.no_grad()
     def _per_token(self, module: Any, exp: Experience, kind: str) -> torch.Tensor:
@@ -295,7 +303,8 @@ class RLTrainer:
     def _reference_logprobs(self, exp: Experience) -> torch.Tensor:
         model = self.policy if self.lora else self.reference
         with self._reference_context():
-            return self._per_token(adapters.PolicyLogprobs(model), exp, "logprobs")
+            share = self.tcfg.share_prompt_prefix
+            return self._per_token(adapters.PolicyLogprobs(model, share_prefix=share), exp, "logprobs")
 
     def make_experience(self, trajs: list[Any], groups: list[int]) -> tuple[Experience, dict[str, float]]:
         """Rewards, old / reference log-probs, values and advantages of a rollout batch."""
@@ -312,7 +321,8 @@ class RLTrainer:
         )
         t0 = time.perf_counter()
         self.policy.eval()
-        exp.old_logprobs = self._per_token(self.actor, exp, "logprobs")
+        if not self.on_policy:
+            exp.old_logprobs = self._per_token(self.actor, exp, "logprobs")
         if self.algo.uses_reference:
             exp.ref_logprobs = self._reference_logprobs(exp)
         if self.critic_module is not None:
@@ -322,7 +332,7 @@ class RLTrainer:
         exp = gather_experience(exp, self.dist)
         token_rewards = None
         kl_metric = None
-        if exp.ref_logprobs is not None:
+        if exp.ref_logprobs is not None and exp.old_logprobs is not None:
             kl_mat = adapters.token_kl(exp.old_logprobs, exp.ref_logprobs, self.algo.kl_estimator)
             kl_metric = float(masked_mean(kl_mat, exp.train_mask))
             if self.algo.use_kl_in_reward:
@@ -454,6 +464,17 @@ class RLTrainer:
         self.step = step + 1
         self._last_trajs = trajs
         return metrics
+
+    @property
+    def on_policy(self) -> bool:
+        """One PPO epoch over one mini-batch with no KL in the reward: the policy that is updated is the
+        one that sampled, so the old log-probs are the update's own (detached) and need no pass of their own."""
+        return (
+            self.tcfg.on_policy_logprobs
+            and self.tcfg.ppo_epochs == 1
+            and self.tcfg.mini_batch_size == self.tcfg.batch_size
+            and not self.algo.use_kl_in_reward
+        )
 
     def _kl_coef(self) -> float:
         """The coefficient of the KL in the reward: ``algorithm.kl_coef``, as adapted so far."""

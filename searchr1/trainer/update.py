@@ -24,6 +24,7 @@ import torch
 from searchr1.algorithms.aggregation import AggNorms, agg_loss
 from searchr1.algorithms.config import AlgorithmConfig
 from searchr1.algorithms.policy_losses import compute_policy_loss, value_loss
+from searchr1.precision import autocast
 from searchr1.trainer import adapters
 from searchr1.trainer.distributed import DistInfo, all_reduce_sum, no_sync
 from searchr1.trainer.experience import Experience, micro_batches, rank_share, split_groups
@@ -73,12 +74,6 @@ class MetricSums:
             else:
                 out[n] = flat[i] / flat[k + i] if flat[k + i] else 0.0
         return out
-
-
-def _autocast(device: torch.device, enabled: bool):
-    if enabled and device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return torch.autocast(device.type, enabled=False)
 
 
 @dataclass(frozen=True)
@@ -168,7 +163,7 @@ def _optimizer_step(mini: Experience, s: _Step, sums: MetricSums) -> bool:
         mb = mini.select(rows).to(s.device)
         last = i == len(mbs) - 1
         for _, model, _, loss_fn in trained:
-            with no_sync(model, skip_sync=not last), _autocast(s.device, s.bf16_autocast):
+            with no_sync(model, skip_sync=not last), autocast(s.device, s.bf16_autocast):
                 loss = loss_fn(model, mb, s, norms, sums)
                 if not torch.isfinite(loss.detach()):
                     nonfinite_loss = True
@@ -217,8 +212,10 @@ def _actor_loss(
             temperature=s.settings.temperature,
             return_entropy=True,
         )
+    # on-policy (see RLTrainer.on_policy): the old log-probs are this pass's own values, detached
+    old_logprobs = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
     pg_loss, pg_metrics = compute_policy_loss(
-        logprobs, mb.old_logprobs, mb.advantages, mb.train_mask, algo, norms=norms
+        logprobs, old_logprobs, mb.advantages, mb.train_mask, algo, norms=norms
     )
     loss = pg_loss
     ent = agg_loss(entropy, mb.train_mask, algo.loss_agg, norms=norms)
@@ -230,7 +227,7 @@ def _actor_loss(
                 algo,
                 logprobs,
                 mb.ref_logprobs,
-                mb.old_logprobs,
+                old_logprobs,
                 logits,
                 s.reference_logits_fn(mb),
                 mb.input_ids,

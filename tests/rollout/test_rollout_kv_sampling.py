@@ -16,13 +16,15 @@ def _plain_logits(model, ids: list[int]) -> torch.Tensor:
         return model(torch.tensor([ids])).logits[0]
 
 
-def test_holes_at_both_ends_and_compaction_match_plain_forward(tiny):
+@pytest.mark.parametrize("fast", [True, False])
+def test_holes_at_both_ends_and_compaction_match_plain_forward(tiny, fast):
     """Streams fed in ragged pieces, waiting (right holes) and starting late (left holes), then
-    compacted and one slot reused: every next-token distribution equals an unpadded forward pass."""
+    compacted and one slot reused: every next-token distribution equals an unpadded forward pass
+    (with the growing cache and with transformers' own)."""
     model, tok = tiny
     g = torch.Generator().manual_seed(0)
     seqs = [torch.randint(5, len(tok) - 10, (n,), generator=g).tolist() for n in (7, 3, 12)]
-    kv = KVBatch(model, n_slots=3, pad_id=tok.pad_token_id)
+    kv = KVBatch(model, n_slots=3, pad_id=tok.pad_token_id, fast=fast)
     schedule = [
         {0: seqs[0][:5], 1: seqs[1][:1]},  # slot 2 has not started: holes before its first token
         {1: seqs[1][1:3], 2: seqs[2][:4]},  # slot 0 waits: holes after its tokens

@@ -68,7 +68,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_server(index: Path, port: int) -> subprocess.Popen:
+def _start_server(index: Path, port: int, extra: list[str] | None = None) -> subprocess.Popen:
+    """``searchr1 serve`` on 127.0.0.1:``port`` in a separate process, once it answers /health."""
     import httpx
 
     env = {**os.environ, "SEARCHR1_API_KEY": ""}
@@ -76,7 +77,7 @@ def _start_server(index: Path, port: int) -> subprocess.Popen:
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "searchr1.cli", "serve", "--index", str(index), "--port", str(port),
-             "--max-queries", "1024"],
+             "--host", "127.0.0.1", "--max-queries", "1024", *(extra or [])],
             env=env, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
     deadline = time.monotonic() + 120

@@ -201,7 +201,6 @@ async def small_beside_maximal(
 
     async def send_small() -> None:
         client = Client(port, timeout_s=max_seconds)
-        await asyncio.sleep(0.005)  # the big request is on its way
         i = 0
         while not done.is_set() and i < 10_000:
             await client.ask([queries[i % len(queries)]], 3, small)

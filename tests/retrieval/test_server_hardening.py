@@ -269,3 +269,12 @@ def test_access_log_has_one_line_per_request_with_causes_and_no_query_text(bm25,
     assert lines[2].levelno == logging.WARNING
     assert '"POST /retrieve" 503' in failed and "index file unreadable" in failed
     assert all("zebra" not in r.getMessage() for r in caplog.records)
+
+
+def test_serve_refuses_bad_limits_in_one_line(corpus_file, capsys):
+    from searchr1.cli import main
+
+    code = main(["serve", "--corpus", str(corpus_file), "--max-batch-queries", "0"])
+    assert code == 2 and "max_batch_queries must be >= 1" in capsys.readouterr().err
+    code = main(["serve", "--corpus", str(corpus_file), "--body-timeout", "0"])
+    assert code == 2 and "body timeout must be > 0" in capsys.readouterr().err

@@ -1,11 +1,11 @@
 """The ``searchr1`` command. Each package registers its own subcommands here.
 
-searchr1 index build --retriever bm25 --corpus corpus.jsonl --out idx/
-searchr1 search --index idx/ "who founded Acme"
-searchr1 serve --index idx/ --port 8000
-searchr1 data synth --out world/
-searchr1 train --config tiny_cpu trainer.total_steps=50
-searchr1 eval --model runs/x/checkpoints/latest --data test.jsonl --index idx/
+searchr1 data synth --out data/world                  (corpus.jsonl, train/val/test.jsonl)
+searchr1 index build --retriever bm25 --corpus data/world/corpus.jsonl --out indexes/world
+searchr1 search --index indexes/world "who founded the Quillon Press"
+searchr1 serve --index indexes/world --port 8000
+searchr1 train --config tiny_cpu trainer.total_steps=50 trainer.out_dir=runs/tiny
+searchr1 eval --model runs/tiny/checkpoints/step_000050/model --data data/world/test.jsonl --index indexes/world
 searchr1 bench retrieval --quick
 """
 
@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
+import os
 import sys
+import warnings
 from collections.abc import Sequence
 
 from searchr1.errors import UserFacingError
@@ -28,6 +31,43 @@ COMMAND_MODULES = [
     "searchr1.evaluation_cli",
     "searchr1.bench.cli",
 ]
+
+
+NOISY_WARNINGS: tuple[tuple[type[Warning], str], ...] = (
+    # transformers 5.x deprecates the `past_key_values` argument that the KV-cached rollout engine
+    # passes (searchr1/rollout/kv.py); printed by every command that generates
+    (FutureWarning, r"`past_key_values` is deprecated"),
+)
+"""Third-party ``warnings`` the command line hides: (category, regex matched at the message's start)."""
+NOISY_LOG_RECORDS: dict[str, tuple[str, ...]] = {
+    "transformers.utils.generic": ("`past_key_values`/`cache_params` are deprecated",),
+}
+"""Third-party log messages the command line hides: logger name -> message prefixes."""
+SHOW_WARNINGS_ENV = "SEARCHR1_SHOW_WARNINGS"
+
+
+class _DropPrefixes(logging.Filter):
+    def __init__(self, prefixes: tuple[str, ...]) -> None:
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefixes)
+
+
+_quieted = False
+
+
+def quiet_third_party_warnings() -> None:
+    """Hide the known-noisy library warnings above, once per process (unless SEARCHR1_SHOW_WARNINGS=1)."""
+    global _quieted
+    if _quieted or os.environ.get(SHOW_WARNINGS_ENV, "") not in ("", "0"):
+        return
+    _quieted = True
+    for category, message in NOISY_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category)
+    for name, prefixes in NOISY_LOG_RECORDS.items():
+        logging.getLogger(name).addFilter(_DropPrefixes(prefixes))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    quiet_third_party_warnings()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

@@ -10,28 +10,32 @@ from pathlib import Path
 from typing import Any
 
 EXAMPLES_EVAL = """examples:
-  searchr1 eval --model runs/x/checkpoints/latest --data nq_test.jsonl --data hotpotqa_dev.jsonl --index indexes/wiki-bm25
+  searchr1 eval --model runs/tiny/checkpoints/step_000050/model --data data/world/test.jsonl --index indexes/world
   searchr1 eval --model Qwen/Qwen2.5-3B --data all7.parquet --search-url http://127.0.0.1:8000 --out eval/qwen3b
-  searchr1 eval --model runs/x/checkpoints/latest --data test.jsonl --mode direct      (no search: the paper's Direct row)
-  searchr1 eval --model runs/x/checkpoints/latest --data test.jsonl --corpus world/corpus.jsonl --mode rag
+  searchr1 eval --model runs/tiny/checkpoints/step_000050/model --data data/world/test.jsonl --mode direct   (no search: the Direct row)
+  searchr1 eval --model runs/tiny/checkpoints/step_000050/model --data data/world/test.jsonl --corpus data/world/corpus.jsonl --mode rag
+  searchr1 eval --model Qwen/Qwen2.5-3B --data nq_test.jsonl --data hotpotqa_dev.jsonl --index indexes/wiki-bm25
 A rerun into the same --out continues an interrupted run; --no-resume starts over.
 """
 
 EXAMPLES_ASK = """examples:
-  searchr1 ask "Where was Alice Verdan born?" --model runs/x/checkpoints/latest --index indexes/world
-  searchr1 ask --model runs/x/checkpoints/latest --search-url http://127.0.0.1:8000      (a prompt loop; Ctrl-D exits)
-  searchr1 ask "..." --model ... --corpus world/corpus.jsonl --json
+  searchr1 ask "Where was Alice Verdan born?" --model runs/tiny/checkpoints/step_000050/model --index indexes/world
+  searchr1 ask --model runs/tiny/checkpoints/step_000050/model --search-url http://127.0.0.1:8000   (a prompt loop; Ctrl-D exits)
+  searchr1 ask "..." --model smollm2-135m-instruct --corpus data/world/corpus.jsonl --json
 """
 
 EXAMPLES_REPORT = """examples:
-  searchr1 report runs/nq_grpo                       (writes runs/nq_grpo/report.html)
+  searchr1 report runs/tiny                          (writes runs/tiny/report.html)
   searchr1 report eval/qwen3b --out qwen3b.html      (an eval output folder)
 """
 
 
 def _add_model_and_search_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--model", required=True, help="hub id or local folder of the policy (a checkpoint folder)"
+        "--model",
+        required=True,
+        help="hub id, alias or local folder of the policy; a training checkpoint's model/ folder, "
+        "e.g. runs/tiny/checkpoints/step_000050/model",
     )
     g = p.add_mutually_exclusive_group()
     g.add_argument("--index", default=None, help="search index folder (from `searchr1 index build`)")

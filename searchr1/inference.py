@@ -1,7 +1,7 @@
 """Ask a trained model questions: ``Agent(model, search_backend).ask(question)``.
 
     from searchr1 import Agent
-    agent = Agent("runs/x/checkpoints/latest", "indexes/wiki-bm25")     # or "http://127.0.0.1:8000"
+    agent = Agent("runs/tiny/checkpoints/step_000050/model", "indexes/world")   # or "http://127.0.0.1:8000"
     result = agent.ask("Where was Alice Verdan born?")
     result.answer, result.queries, result.trajectory.searches
 

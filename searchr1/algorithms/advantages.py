@@ -147,9 +147,12 @@ def gae(
         delta_t = r_t + gamma * V_{t+1} - V_t           (V after the last generated token = 0)
         A_t     = delta_t + gamma * lam * A_{t+1}
         R_t     = A_t + V_t                              (the critic's regression target)
+        A_t    <- (A_t - mean(A)) / sqrt(var(A) + 1e-8)  (algorithm.gae_whiten, on by default)
 
     ``t`` runs over generated tokens only; observation tokens are skipped, so ``V_{t+1}`` of the last
-    token of a turn is the value of the first token of the next turn.
+    token of a turn is the value of the first token of the next turn. The whitening is masked: mean
+    and (unbiased) variance over every generated token of the batch, as veRL's ``core_algos`` and so
+    Search-R1's PPO do; the returns keep the raw advantages.
     """
     if values is None:
         raise ValueError("advantage estimator 'gae' needs values (critic values [B, T])")
@@ -168,6 +171,8 @@ def gae(
         next_value = torch.where(m, values[:, t], next_value)
         next_adv = torch.where(m, adv, next_adv)
     returns = torch.where(mask, advantages + values, 0.0)
+    if cfg.gae_whiten:
+        advantages = masked_whiten(advantages, response_mask)
     return advantages, returns
 
 

@@ -20,6 +20,8 @@ class AlgorithmConfig:
     """Discount factor over generated tokens (gae, reinforce_plus_plus)."""
     lam: float = 1.0
     """GAE lambda (bias/variance trade-off of gae; 1 = Monte-Carlo return minus value)."""
+    gae_whiten: bool = True
+    """gae: whiten the advantages over the batch's generated tokens, (A - mean) / std, as veRL and Search-R1's PPO do (false: raw GAE)."""
     norm_adv_by_std: bool = True
     """grpo: divide by the group std (false = Dr. GRPO, Liu et al. 2025: reward minus group mean only)."""
     adv_eps: float = 1e-6

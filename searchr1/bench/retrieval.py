@@ -2,9 +2,10 @@
 
 1. BM25 over a generated corpus (100k passages; --quick: 5k) with Zipf-distributed words: queries/s and
    p50/p99 request latency at batch 1, 32, 128, 512, in process and through ``searchr1 serve`` (a
-   separate process on loopback, one client sending batches back to back). Measurements alternate
-   batch by batch between the two paths, so machine load hits both alike.
-   Headline: server / in-process queries/s at batch 128 (target >= 0.8).
+   separate process on loopback, access log off, one client sending batches back to back).
+   Measurements alternate batch by batch between the two paths, so machine load hits both alike.
+   Headline: server / in-process queries/s at batch 128 (target >= 0.8). The same again over a real
+   corpus (``--corpus``; default the wiki-18 sample when found): ``real_server_over_inprocess_b128``.
 2. Dense: 100k clustered 384-d unit vectors (--quick: 5k); FAISS Flat vs HNSW (efSearch sweep) vs IVF
    (nprobe sweep): recall@5 against Flat and queries/s (one thread). Target: an ANN setting with
    recall@5 >= 0.95 at >= 5x Flat's queries/s.
@@ -68,7 +69,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_server(index: Path, port: int) -> subprocess.Popen:
+def _start_server(index: Path, port: int, extra: list[str] | None = None) -> subprocess.Popen:
+    """``searchr1 serve`` on 127.0.0.1:``port`` in a separate process, once it answers /health."""
     import httpx
 
     env = {**os.environ, "SEARCHR1_API_KEY": ""}
@@ -76,7 +78,7 @@ def _start_server(index: Path, port: int) -> subprocess.Popen:
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "searchr1.cli", "serve", "--index", str(index), "--port", str(port),
-             "--max-queries", "1024"],
+             "--host", "127.0.0.1", "--max-queries", "1024", *(extra or [])],
             env=env, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
     deadline = time.monotonic() + 120
@@ -97,19 +99,25 @@ def _percentiles(lat: list[float]) -> tuple[float, float]:
     return float(np.percentile(a, 50)), float(np.percentile(a, 99))
 
 
-def bench_bm25(quick: bool, seed: int, workdir: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def bench_bm25(
+    quick: bool, seed: int, workdir: Path, corpus: Path | None = None, label: str = "bm25"
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """In-process vs server queries/s per batch size over ``corpus`` (default: generated passages);
+    rows are labelled ``label``. Returns the rows and the server / in-process ratio at batch 128."""
     from searchr1.retrieval.client import RetrievalClient
-    from searchr1.retrieval.corpus import write_corpus
+    from searchr1.retrieval.corpus import read_corpus, write_corpus
     from searchr1.retrieval.index import build_index, load_index
 
-    n_docs = 5_000 if quick else 100_000
-    docs = make_corpus(n_docs, seed)
-    corpus = write_corpus(docs, workdir / "corpus.jsonl")
+    if corpus is None:
+        docs = make_corpus(5_000 if quick else 100_000, seed)
+        corpus = write_corpus(docs, workdir / "corpus.jsonl")
+    else:
+        docs = list(read_corpus(corpus))
     t0 = time.perf_counter()
     build_index(corpus, workdir / "bm25", show_progress=False)
     build_s = time.perf_counter() - t0
     local = load_index(workdir / "bm25")
-    server = _start_server(workdir / "bm25", port := _free_port())
+    server = _start_server(workdir / "bm25", port := _free_port(), ["--no-access-log"])
     client = RetrievalClient(f"http://127.0.0.1:{port}", timeout_s=120, retries=0)
     rows = []
     try:
@@ -131,7 +139,7 @@ def bench_bm25(quick: bool, seed: int, workdir: Path) -> tuple[list[dict[str, An
             for path, values in lat.items():
                 p50, p99 = _percentiles(values)
                 rows.append({
-                    "bench": "bm25", "path": path, "batch": batch, "queries": n_batches * batch,
+                    "bench": label, "path": path, "batch": batch, "queries": n_batches * batch,
                     "queries_per_s": n_batches * batch / sum(values), "p50_ms": p50, "p99_ms": p99,
                 })  # fmt: skip
     finally:
@@ -141,7 +149,7 @@ def bench_bm25(quick: bool, seed: int, workdir: Path) -> tuple[list[dict[str, An
         local.close()
     qps = {(r["path"], r["batch"]): r["queries_per_s"] for r in rows}
     ratio = qps[("server", 128)] / qps[("in-process", 128)]
-    return rows, {"bm25_passages": n_docs, "bm25_build_s": build_s, "server_over_inprocess_b128": ratio}
+    return rows, {"passages": len(docs), "build_s": build_s, "server_over_inprocess_b128": ratio}
 
 
 def clustered_vectors(n: int, dim: int, seed: int, clusters: int = 1000, latent: int = 32) -> np.ndarray:
@@ -244,21 +252,67 @@ def bench_encoder(quick: bool, seed: int) -> tuple[list[dict[str, Any]], dict[st
     return [row], {"encoder_passages_per_s": rate, "encoder_load_s": load_s}
 
 
+def add_arguments(parser: Any) -> None:
+    parser.add_argument(
+        "--corpus",
+        default=None,
+        help="a real corpus jsonl for a second BM25 section (default: the wiki-18 sample of "
+        "shared/data/flashrag-sample when found next to the repository; 'none' skips it)",
+    )
+    parser.add_argument(
+        "--parts",
+        default="bm25,dense,encoder",
+        help="comma-separated sections to run (default bm25,dense,encoder)",
+    )
+
+
 def run(args) -> BenchResult:
     import torch
+
+    from searchr1.bench.server_load import sample_corpus
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(2)
     quick, seed = bool(args.quick), int(args.seed)
-    with tempfile.TemporaryDirectory(prefix="searchr1-bench-") as tmp:
-        bm25_rows, bm25_extra = bench_bm25(quick, seed, Path(tmp))
-    dense_rows, dense_extra = bench_dense(quick, seed)
-    enc_rows, enc_extra = bench_encoder(quick, seed)
+    parts = set(str(getattr(args, "parts", "bm25,dense,encoder")).split(","))
+    corpus_arg = getattr(args, "corpus", None)
+    real = None if corpus_arg == "none" else Path(corpus_arg) if corpus_arg else sample_corpus()
+    rows: list[dict[str, Any]] = []
+    extra: dict[str, Any] = {}
+    headline = float("nan")
+    if "bm25" in parts:
+        with tempfile.TemporaryDirectory(prefix="searchr1-bench-") as tmp:
+            bm25_rows, bm25_extra = bench_bm25(quick, seed, Path(tmp))
+        rows += bm25_rows
+        headline = bm25_extra["server_over_inprocess_b128"]
+        extra.update({
+            "bm25_passages": bm25_extra["passages"], "bm25_build_s": bm25_extra["build_s"],
+            "server_over_inprocess_b128": headline,
+        })  # fmt: skip
+        if real is not None:
+            label = f"bm25 {real.stem}"
+            with tempfile.TemporaryDirectory(prefix="searchr1-bench-") as tmp:
+                real_rows, real_extra = bench_bm25(quick, seed, Path(tmp), corpus=real, label=label)
+            rows += real_rows
+            extra.update({
+                "real_corpus": real.name, "real_passages": real_extra["passages"],
+                "real_server_over_inprocess_b128": real_extra["server_over_inprocess_b128"],
+            })  # fmt: skip
+    if "dense" in parts:
+        dense_rows, dense_extra = bench_dense(quick, seed)
+        rows += dense_rows
+        extra.update(dense_extra)
+    if "encoder" in parts:
+        enc_rows, enc_extra = bench_encoder(quick, seed)
+        rows += enc_rows
+        extra.update(enc_extra)
     return BenchResult(
         name="retrieval",
-        params={"quick": quick, "seed": seed, "batches": list(BATCHES), "topk_bm25": 3, "topk_dense": 5},
-        rows=bm25_rows + dense_rows + enc_rows,
-        headline=bm25_extra["server_over_inprocess_b128"],
-        headline_label="BM25 server / in-process queries/s at batch 128 (target >= 0.8)",
-        extra={**bm25_extra, **dense_extra, **enc_extra},
-    )
+        params={"quick": quick, "seed": seed, "batches": list(BATCHES), "topk_bm25": 3, "topk_dense": 5,
+                "parts": sorted(parts), "real_corpus": real.name if real else None},
+        rows=rows,
+        headline=headline,
+        headline_label="BM25 server / in-process queries/s at batch 128 over generated passages (target >= 0.8;"
+        " real_server_over_inprocess_b128: the same over the real corpus)",
+        extra=extra,
+    )  # fmt: skip

@@ -1,6 +1,6 @@
 """The run report: one self-contained HTML page for a training run or an ``eval`` output folder.
 
-    searchr1 report runs/nq_grpo            # writes runs/nq_grpo/report.html
+    searchr1 report runs/tiny               # writes runs/tiny/report.html
     build_report("eval/qwen-agent", out="agent.html")
 
 The page shows the training curves (reward and its components, validation EM, searches, response

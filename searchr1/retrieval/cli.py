@@ -21,7 +21,8 @@ EXAMPLES_SEARCH = """examples:
 
 EXAMPLES_SERVE = """examples:
   searchr1 serve --index indexes/wiki-bm25 --port 8000
-  SEARCHR1_API_KEY=secret searchr1 serve --index idx --host 0.0.0.0
+  SEARCHR1_API_KEY=secret searchr1 serve --index indexes/wiki-bm25 --host 0.0.0.0
+  searchr1 serve --corpus wiki-18.jsonl --body-timeout 10 --max-hits 10240 --no-access-log
   curl -s localhost:8000/retrieve -H 'content-type: application/json' \\
        -d '{"queries": ["who founded Acme"], "topk": 3, "return_scores": true}'
 """
@@ -97,12 +98,45 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument(
         "--api-key", default=None, help="require 'Authorization: Bearer KEY' (default: env SEARCHR1_API_KEY)"
     )
-    v.add_argument(
+    g = v.add_argument_group("limits (each answered with a 4xx that names the problem)")
+    g.add_argument(
         "--max-queries", type=int, default=1024, help="queries per request (default 1024; more: 413)"
     )
-    v.add_argument("--max-topk", type=int, default=100, help="largest topk (default 100; more: 422)")
-    v.add_argument(
+    g.add_argument("--max-topk", type=int, default=100, help="largest topk (default 100; more: 422)")
+    g.add_argument(
         "--max-query-chars", type=int, default=4096, help="characters per query (default 4096; more: 413)"
+    )
+    g.add_argument(
+        "--max-hits",
+        type=int,
+        default=20_480,
+        help="queries x topk per request (default 20480; more: 413): bounds one request's work",
+    )
+    g.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=8 << 20,
+        help="request body bytes, counted while reading whatever the framing (default 8 MiB; more: 413)",
+    )
+    g.add_argument(
+        "--body-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="seconds for a request body to arrive in full (default 30; longer: 408, connection closed)",
+    )
+    g.add_argument(
+        "--max-batch-queries",
+        type=int,
+        default=128,
+        help="queries per backend call: small requests are merged up to it, large ones split "
+        "(default 128; lower = fairer, higher = fewer calls)",
+    )
+    v.add_argument(
+        "--no-access-log",
+        dest="access_log",
+        action="store_false",
+        help="no line per request on stderr (backend failures are still logged)",
     )
     v.set_defaults(func=_serve)
 
@@ -228,12 +262,23 @@ def _search(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from searchr1.errors import UserFacingError
     from searchr1.retrieval.server import ServerLimits, run_server
 
-    retriever, cfg = _retriever_from_args(args)
     limits = ServerLimits(
-        max_queries=args.max_queries, max_topk=args.max_topk, max_query_chars=args.max_query_chars
+        max_queries=args.max_queries,
+        max_topk=args.max_topk,
+        max_query_chars=args.max_query_chars,
+        max_hits=args.max_hits,
+        max_body_bytes=args.max_body_bytes,
+        body_timeout_s=args.body_timeout,
+        max_batch_queries=args.max_batch_queries,
     )
+    try:
+        limits.validate()
+    except ValueError as exc:
+        raise UserFacingError(str(exc)) from None
+    retriever, cfg = _retriever_from_args(args)
     docs = getattr(retriever, "docs", None)
     print(f"serving {retriever.name} on http://{args.host}:{args.port} (docs at /docs)", flush=True)
     run_server(
@@ -244,5 +289,6 @@ def _serve(args: argparse.Namespace) -> int:
         limits,
         cfg.topk,
         len(docs) if docs is not None else None,
+        access_log=args.access_log,
     )
     return 0

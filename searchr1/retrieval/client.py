@@ -6,12 +6,14 @@
 Retry policy: 5xx, 429, connection errors and timeouts are retried up to ``retries`` times with
 exponential backoff ``backoff_s * 2**attempt`` (capped at ``max_backoff_s``; a 429's Retry-After is
 honoured up to the same cap), moving to the next server URL round-robin. Other 4xx answers are the
-caller's fault and raise ``SearchError`` at once.
+caller's fault and raise ``SearchError`` at once. Requests go over kept-alive ``http.client``
+connections (:mod:`searchr1.retrieval.keepalive`), one per thread and server.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -21,11 +23,12 @@ import httpx
 
 from searchr1.retrieval.base import Hit, Retriever, SearchError
 from searchr1.retrieval.corpus import split_contents
+from searchr1.retrieval.keepalive import KeepAlive, Reply
 
 API_KEY_ENV = "SEARCHR1_API_KEY"
 
 
-def _detail(resp: httpx.Response) -> str:
+def _detail(resp: httpx.Response | Reply) -> str:
     try:
         body = resp.json()
         detail = body.get("detail", body) if isinstance(body, dict) else body
@@ -34,7 +37,7 @@ def _detail(resp: httpx.Response) -> str:
     return str(detail)[:300]
 
 
-def _retry_after(resp: httpx.Response) -> float | None:
+def _retry_after(resp: httpx.Response | Reply) -> float | None:
     value = resp.headers.get("retry-after")
     try:
         return float(value) if value is not None else None
@@ -43,15 +46,16 @@ def _retry_after(resp: httpx.Response) -> float | None:
 
 
 def send_with_retries(
-    send: Callable[[int], httpx.Response],
+    send: Callable[[int], Any],
     what: str,
     retries: int,
     backoff_s: float,
     max_backoff_s: float = 8.0,
     sleep: Callable[[float], None] = time.sleep,
     auth_hint: str = "",
-) -> httpx.Response:
-    """Call ``send(attempt)`` until it returns a 2xx response; raise ``SearchError`` otherwise.
+) -> Any:
+    """Call ``send(attempt)`` until it returns a 2xx response (``httpx.Response`` or
+    :class:`~searchr1.retrieval.keepalive.Reply`); raise ``SearchError`` otherwise.
 
     Retried: 5xx, 429 (Retry-After honoured), connection errors, timeouts. Not retried: other 4xx.
     """
@@ -122,17 +126,17 @@ class RetrievalClient(Retriever):
         self.max_backoff_s = max_backoff_s
         api_key = api_key or os.environ.get(API_KEY_ENV) or None
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.Client(timeout=timeout_s, headers=headers)
+        self._http = KeepAlive(timeout_s, headers)
         self._next = itertools.count()
 
     def search(self, queries: Sequence[str], topk: int) -> list[list[Hit]]:
         if not queries:
             return []
-        payload = {"queries": list(queries), "topk": topk, "return_scores": True}
+        body = json.dumps({"queries": list(queries), "topk": topk, "return_scores": True}).encode()
 
-        def send(attempt: int) -> httpx.Response:
+        def send(attempt: int) -> Reply:
             url = self.urls[next(self._next) % len(self.urls)]
-            return self._http.post(f"{url}/retrieve", json=payload)
+            return self._http.request("POST", f"{url}/retrieve", body)
 
         resp = send_with_retries(
             send, f"retrieval server {','.join(self.urls)}", self.retries, self.backoff_s, self.max_backoff_s
@@ -147,7 +151,7 @@ class RetrievalClient(Retriever):
 
     def health(self) -> dict:
         """``GET /health`` of the first server."""
-        return self._http.get(f"{self.urls[0]}/health").json()
+        return self._http.request("GET", f"{self.urls[0]}/health").json()
 
     def close(self) -> None:
         self._http.close()

@@ -47,6 +47,11 @@ class RolloutConfig:
     """Seconds one search attempt may take before it counts as failed."""
     search_retries: int = 2
     """Extra attempts after a failed or timed-out search; then the observation says the search failed."""
+    max_search_failure_rate: float = 0.5
+    """Stop training (checkpoint, non-zero exit) when more than this share of the searches of the last
+    `search_failure_window` steps failed; 1.0 = never stop. The first failures print one warning."""
+    search_failure_window: int = 5
+    """Steps over which rollout.max_search_failure_rate is measured (the run stops no earlier)."""
     search_workers: int = 8
     """Threads that run searches while the HF engine keeps decoding other rows."""
     max_batch_rows: int = 64
@@ -70,5 +75,11 @@ class RolloutConfig:
             )
         if not 0 < self.top_p <= 1:
             raise ValueError(f"rollout.top_p: must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.max_search_failure_rate <= 1.0:
+            raise ValueError(
+                f"rollout.max_search_failure_rate: must be in [0, 1] (1.0 = never stop), got {self.max_search_failure_rate}"
+            )
+        if self.search_failure_window < 1:
+            raise ValueError(f"rollout.search_failure_window: must be >= 1, got {self.search_failure_window}")
         if not self.search_timeout_s > 0:
             raise ValueError(f"rollout.search_timeout_s: must be > 0, got {self.search_timeout_s}")

@@ -1,6 +1,7 @@
 """``searchr1 train``: RL training from a YAML config plus dotted overrides.
 
 searchr1 train --config tiny_cpu trainer.total_steps=50 trainer.out_dir=runs/tiny
+    (checkpoints: runs/tiny/checkpoints/step_000050/model is a Hugging Face folder for `searchr1 eval --model`)
 searchr1 train --config grpo_qwen2.5_3b data.train_files=[train.parquet]
 torchrun --nproc_per_node 8 -m searchr1 train --config ppo_qwen2.5_3b
 searchr1 train --plot runs/tiny                 # (re)write the PNG plots of a run

@@ -49,6 +49,7 @@ from searchr1.trainer.distributed import (
 )
 from searchr1.trainer.experience import Experience, build_experience, gather_experience
 from searchr1.trainer.schedule import PromptSampler, make_scheduler
+from searchr1.trainer.search_health import SearchAlert, SearchFailureMonitor, first_search_error
 from searchr1.trainer.tracking import MetricsLogger, ProgressBar
 from searchr1.trainer.update import UpdateSettings, run_update
 
@@ -95,6 +96,9 @@ class RLTrainer:
         self.nonfinite_in_a_row = 0
         self.nonfinite_total = 0
         self.algo_state: dict[str, Any] = {}
+        self.search_monitor = SearchFailureMonitor(
+            cfg.rollout.max_search_failure_rate, cfg.rollout.search_failure_window
+        )
         self._stop_signal: int | None = None
         self._injected = dict(
             model=model,
@@ -396,6 +400,9 @@ class RLTrainer:
         out["reward/std"] = math.sqrt(max(reduced["_reward_sq"] / count - out["reward/mean"] ** 2, 0.0))
         out["rollout/trajectories"] = count
         out["rollout/search_failures_total"] = reduced["rollout/search_failures"]
+        out["rollout/search_failure_rate"] = reduced["rollout/search_failures"] / max(
+            reduced["rollout/searches"], 1.0
+        )
         adv = masked_mean(exp.advantages, exp.train_mask)
         out["actor/advantage_mean"] = float(adv)
         return out
@@ -661,6 +668,14 @@ class RLTrainer:
                     self._write_trajectories(metrics)
                 bar.update(metrics)
                 last = metrics
+                search_alert = self._search_alert(metrics)
+                if search_alert.warning and is_main:
+                    bar.write(search_alert.warning)
+                if search_alert.stop:
+                    self.save()
+                    raise TrainingStopped(
+                        f"{search_alert.stop} Checkpoint written to {checkpoint.checkpoint_dir(self.out_dir)}."
+                    )
                 stop = self._stop_requested()
                 if self.nonfinite_in_a_row >= self.tcfg.max_nonfinite_in_a_row:
                     self.save()
@@ -697,6 +712,21 @@ class RLTrainer:
         latest = checkpoint.latest_checkpoint(self.out_dir)
         summary["checkpoint"] = str(latest) if latest else None
         return summary
+
+    def _search_alert(self, metrics: dict[str, float]) -> SearchAlert:
+        """This step's failed / attempted searches (all ranks) through the search-failure monitor."""
+        count = metrics.get("rollout/trajectories", 0.0)
+
+        def cause() -> str | None:  # every rank gets here alike (the counts are reduced)
+            mine = first_search_error(getattr(self, "_last_trajs", None) or [])
+            return next((c for c in all_gather_objects(mine, self.dist) if c), None)
+
+        return self.search_monitor.observe(
+            self.step,
+            round(metrics.get("rollout/search_failures", 0.0) * count),
+            round(metrics.get("rollout/searches", 0.0) * count),
+            cause,
+        )
 
     def _stop_requested(self) -> bool:
         (flag,) = all_reduce_sum([1.0 if self._stop_signal is not None else 0.0], self.dist, self.device)

@@ -1,6 +1,6 @@
 """PNG plots of a run's main curves, from its metrics.jsonl (at the end of a run, or on demand).
 
-searchr1 train plot runs/my-run        # writes runs/my-run/plots/*.png
+searchr1 train --plot runs/tiny        # writes runs/tiny/plots/*.png
 """
 
 from __future__ import annotations

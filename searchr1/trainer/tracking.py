@@ -19,6 +19,7 @@ PROGRESS_KEYS = (
     ("reward/mean", "R"),
     ("reward/em", "EM"),
     ("rollout/searches", "srch"),
+    ("rollout/search_failure_rate", "srch_fail"),
     ("rollout/response_length", "len"),
     ("actor/kl", "kl"),
     ("actor/entropy", "ent"),

@@ -42,7 +42,9 @@ def test_gae_full_mask_hand_computed():
     # gamma=1, lam=0.5, V=[.5,.5,.5], r=[0,0,1]
     # t=2: delta=1+0-.5=.5, A2=.5 ; t=1: delta=0+.5-.5=0, A1=0+.5*.5=.25 ; t=0: A0=0+.5*.25=.125
     # returns = A + V = [.625, .75, 1.0]
-    cfg = AlgorithmConfig(gamma=1.0, lam=0.5)
+    cfg = AlgorithmConfig(
+        gamma=1.0, lam=0.5, gae_whiten=False
+    )  # the raw recursion (whitening: test_gae_whitening)
     mask = torch.ones(1, 3, dtype=torch.long)
     adv, ret = gae(torch.tensor([[0.0, 0.0, 1.0]]), mask, config=cfg, values=torch.tensor([[0.5, 0.5, 0.5]]))
     close(adv, [[0.125, 0.25, 0.5]])
@@ -53,7 +55,7 @@ def test_gae_skips_observation_tokens():
     # mask [1,0,1]: the observation token (value 9, reward 7) is not a step.
     # gamma=.5, lam=1, V0=.2, V2=.5, r2=1: t=2: delta=1-.5=.5, A2=.5
     # t=0: next value is V2: delta=0+.5*.5-.2=.05, A0=.05+.5*1*.5=.3 (= gamma*1 - V0)
-    cfg = AlgorithmConfig(gamma=0.5, lam=1.0)
+    cfg = AlgorithmConfig(gamma=0.5, lam=1.0, gae_whiten=False)
     mask = torch.tensor([[1, 0, 1]])
     adv, ret = gae(torch.tensor([[0.0, 7.0, 1.0]]), mask, config=cfg, values=torch.tensor([[0.2, 9.0, 0.5]]))
     close(adv, [[0.3, 0.0, 0.5]])
@@ -63,7 +65,9 @@ def test_gae_skips_observation_tokens():
 def test_gae_scalar_score_goes_on_last_generated_token():
     # score 1 on the last generated token (index 1); gamma=lam=1, V=0 -> A = reward-to-go = [1, 1, 0]
     mask = torch.tensor([[1, 1, 0]])
-    adv, _ = gae(torch.tensor([1.0]), mask, values=torch.zeros(1, 3))
+    adv, _ = gae(
+        torch.tensor([1.0]), mask, config=AlgorithmConfig(gae_whiten=False), values=torch.zeros(1, 3)
+    )
     assert adv.tolist() == [[1.0, 1.0, 0.0]]
 
 

@@ -109,7 +109,9 @@ def test_gae_with_unit_discount_is_reward_to_go_minus_value(batch):
     torch.manual_seed(seed)
     rewards = torch.randn(mask.shape, dtype=torch.float64)
     values = torch.randn(mask.shape, dtype=torch.float64)
-    adv, _ = ADVANTAGE_ESTIMATORS["gae"](rewards, mask, values=values)
+    adv, _ = ADVANTAGE_ESTIMATORS["gae"](
+        rewards, mask, config=AlgorithmConfig(gae_whiten=False), values=values
+    )
     kept = torch.where(mask, rewards, 0.0)
     to_go = kept.flip(-1).cumsum(-1).flip(-1)
     torch.testing.assert_close(adv, torch.where(mask, to_go - values, 0.0))

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from sample_data import sample_file
 
 from searchr1.data.formats import (
     BENCHMARK_SOURCES,
@@ -22,7 +23,6 @@ from searchr1.data.formats import (
 )
 from searchr1.data.prompts import SEARCH_R1_INSTRUCTION
 
-SAMPLE_DIR = Path(__file__).resolve().parents[3] / "shared" / "data" / "flashrag-sample"
 ROWS = [
     {
         "id": "a1",
@@ -55,9 +55,8 @@ def test_read_flashrag_jsonl_and_source_inference(tmp_path):
     assert len(BENCHMARK_SOURCES) == 7
 
 
-@pytest.mark.skipif(not SAMPLE_DIR.is_dir(), reason="shared FlashRAG sample not present")
 def test_reads_the_real_flashrag_sample():
-    path = SAMPLE_DIR / "nq_test_sample.jsonl"
+    path = sample_file("nq_test_sample.jsonl")
     samples = load_samples(path, split="test")
     lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
     assert len(samples) == len(lines) and samples[0].data_source == "nq"

@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from sample_data import sample_file
 
 from searchr1.retrieval.corpus import CorpusError, Document, chunk_document, read_corpus, split_contents
-
-SAMPLE = "/work/shared/data/flashrag-sample/wiki18_sample_corpus.jsonl"
 
 
 def test_reads_both_forms(tmp_path):
@@ -31,7 +30,7 @@ def test_split_contents_without_quotes_or_title():
 
 
 def test_real_wiki18_sample_streams():
-    docs = list(read_corpus(SAMPLE))
+    docs = list(read_corpus(sample_file("wiki18_sample_corpus.jsonl")))
     assert len(docs) == 1000
     assert docs[0].title == "Evan Morris" and docs[0].text.startswith("Evan Morris Evan L. Morris")
 

@@ -15,8 +15,17 @@ from pathlib import Path
 from typing import Any
 
 from searchr1.errors import UserFacingError
-from searchr1.evaluation.modes import MODES, Mode, parse_modes
-from searchr1.evaluation.tables import TABLE_METRICS
+from searchr1.evaluation.modes import MODES, Mode, parse_modes, sample_view
+from searchr1.evaluation.progress import Monitor
+from searchr1.evaluation.runner import evaluate_modes, run_state
+from searchr1.evaluation.store import RESULTS_FILE, TABLE_FILE, check_resumable, load_results
+from searchr1.evaluation.tables import (
+    TABLE_METRICS,
+    compare_tables,
+    format_paper_table,
+    format_summary_table,
+    paper_table,
+)
 
 SEARCH_FAILED_STATUS = 3
 """Exit status of ``eval`` when a search failed (and failures were not tolerated)."""
@@ -359,10 +368,6 @@ def _eval(args: argparse.Namespace) -> int:
             return None
         return cfg.rollout.max_turn_tokens if mode.name == "cot" else args.answer_tokens
 
-    from searchr1.evaluation.modes import sample_view
-    from searchr1.evaluation.runner import evaluate_modes, run_state
-    from searchr1.evaluation.store import check_resumable
-
     views = [sample_view(s, i) for i, s in enumerate(samples)]
     if not args.no_resume:  # a folder holding another run is refused before the model loads
         for mode in modes:
@@ -372,8 +377,7 @@ def _eval(args: argparse.Namespace) -> int:
             )  # fmt: skip
             check_resumable(out / mode.name, state)
 
-    from searchr1.evaluation.progress import Monitor
-    from searchr1.rollout.sampling import SamplingParams
+    from searchr1.rollout.sampling import SamplingParams  # torch
 
     monitor = Monitor()
     retriever = monitor.wrap(_open_retriever(cfg)) if searching else None
@@ -429,9 +433,6 @@ def _eval(args: argparse.Namespace) -> int:
 def _print_results(
     args: argparse.Namespace, results: dict[str, Any], modes: list[str], out: Path, template: str
 ) -> None:
-    from searchr1.evaluation.store import RESULTS_FILE, TABLE_FILE
-    from searchr1.evaluation.tables import format_paper_table, format_summary_table, paper_table
-
     if args.json:
         print(json.dumps(results, indent=2))
         return
@@ -448,9 +449,6 @@ def _print_results(
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from searchr1.evaluation.store import load_results
-    from searchr1.evaluation.tables import compare_tables, paper_table
-
     a_path, b_path = args.compare
     a, b = load_results(a_path), load_results(b_path)
     if args.json:

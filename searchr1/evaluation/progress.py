@@ -26,7 +26,7 @@ class Monitor:
         self.steps = 0
         self.searches = 0
         self.failures = 0
-        """Failed searches in finished trajectories (retried attempts that then worked are not failures)."""
+        """Failed searches of this mode's finished trajectories (a retry that worked is no failure)."""
         self.warned = False
         self._t0 = time.monotonic()
         self._last = 0.0
@@ -36,7 +36,8 @@ class Monitor:
 
     def start(self, mode: str, done: int, total: int) -> None:
         """A mode begins (``done`` questions already on disk from an earlier run)."""
-        self.mode, self.done, self.total, self.steps = mode, done, total, 0
+        self.mode, self.done, self.total = mode, done, total
+        self.steps = self.searches = self.failures = 0
         self._t0 = time.monotonic()
         resumed = f" ({done} already done, resuming)" if done else ""
         self._line(f"[eval {mode}] {total} questions{resumed}", final=True)

@@ -115,6 +115,7 @@ def evaluate(
     if batch_size < 1:
         raise EvaluationError(f"batch_size must be >= 1, got {batch_size}")
     views = [sample_view(s, i) for i, s in enumerate(samples)]
+    out = Path(out_dir) if out_dir is not None else None
     own_engine = False
     if mode.search != "agent":
         reply_tokens = max_new_tokens or DEFAULT_REPLY_TOKENS.get(mode.name, 256)
@@ -122,7 +123,7 @@ def evaluate(
     try:
         records, retried = _evaluate_pending(
             engine, samples, views, mode, tokenizer=tokenizer, retriever=retriever, batch_size=batch_size,
-            out=Path(out_dir) if out_dir is not None else None, resume=resume, template=template, topk=topk,
+            out=out, resume=resume, template=template, topk=topk,
             seed=seed, sampling=sampling if sampling is not None else _greedy(), settings=settings,
             on_batch=on_batch, on_start=on_start, normalization=normalization,
             search_timeout_s=search_timeout_s, search_retries=search_retries,
@@ -131,7 +132,6 @@ def evaluate(
         if own_engine:
             engine.close()
 
-    out = Path(out_dir) if out_dir is not None else None
     ordered = [records[i] for i in sorted(records)]
     summary = {
         "mode": mode.name,
@@ -306,7 +306,8 @@ def write_results(
     for name, summary in store.mode_summaries(out).items():
         if name in merged or name not in MODES or reference is None:
             continue
-        if summary.get("settings") == reference.get("settings") and _same_questions(out, name, reference):
+        same_run = all(summary.get(k) == reference.get(k) for k in ("settings", "normalization"))
+        if same_run and _same_questions(out, name, reference):
             merged[name] = summary
     results = {
         "modes": [m for m in MODES if m in merged],

@@ -151,14 +151,22 @@ def mode_summaries(folder: Path) -> dict[str, dict[str, Any]]:
 
 
 def load_results(path: str | Path) -> dict[str, dict[str, Any]]:
-    """Summaries by mode of an eval output folder (or of its ``results.json``), for ``--compare``
-    and the report; a path with no results is a one-line error naming it."""
+    """Summaries by mode of an eval output folder: those of its ``results.json`` (the modes of one
+    consistent run, as its table shows them), else its complete mode folders; for ``--compare`` and
+    the report. A path with no results is a one-line error naming it."""
     path = Path(path)
     if path.is_file() and path.name == RESULTS_FILE:
         path = path.parent
     if not path.exists():
         raise EvaluationError(f"{path}: eval folder not found")
-    summaries = mode_summaries(path)
+    if (path / RESULTS_FILE).is_file():
+        try:
+            results = json.loads((path / RESULTS_FILE).read_text(encoding="utf-8"))
+            summaries = dict(results["summaries"])
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            raise EvaluationError(f"{path / RESULTS_FILE}: not a results file of `searchr1 eval`") from None
+    else:
+        summaries = mode_summaries(path)
     if not summaries:
         raise EvaluationError(
             f"{path}: no evaluation results here (expected {RESULTS_FILE} or <mode>/{SUMMARY_FILE} "

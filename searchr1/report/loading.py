@@ -27,6 +27,7 @@ from searchr1.evaluation.store import (
     STATE_FILE,
     SUMMARY_FILE,
     TRAJECTORIES_FILE,
+    load_results,
     mode_summaries,
     read_summary,
     read_trajectories,
@@ -129,15 +130,14 @@ def load_run(folder: str | Path, max_trajectories: int = 1000) -> RunData:
     if single or modes or (folder / RESULTS_FILE).is_file():
         data.kind = "eval"
         traj_dirs = [folder] if single else modes
-        for sub in traj_dirs:
-            if (sub / SUMMARY_FILE).is_file():
-                data.evaluations.append(Evaluation(sub, None, _read_summary(sub / SUMMARY_FILE)))
-        if not data.evaluations and not single:
-            try:
-                summaries = mode_summaries(folder)
-            except EvaluationError as exc:
-                raise ReportError(str(exc)) from None
-            data.evaluations = [Evaluation(folder, None, s) for s in summaries.values()]
+        try:  # an interrupted run has trajectories and no summary yet: the page shows what there is
+            summaries = load_results(folder) if (folder / RESULTS_FILE).is_file() else mode_summaries(folder)
+        except EvaluationError as exc:
+            raise ReportError(str(exc)) from None
+        by_name = {sub.name: sub for sub in traj_dirs}
+        data.evaluations = [
+            Evaluation(by_name.get(mode, folder), None, summary) for mode, summary in summaries.items()
+        ]
         share = -(-max_trajectories // max(1, len(traj_dirs)))  # every mode gets its share of the page
         for sub in traj_dirs:
             if (sub / TRAJECTORIES_FILE).is_file():

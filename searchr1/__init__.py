@@ -8,7 +8,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "SearchR1Trainer": "searchr1.trainer.api",
-    "Agent": "searchr1.inference",
+    "Agent": "searchr1.evaluation.agent",
 }
 
 

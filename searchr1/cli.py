@@ -28,7 +28,7 @@ COMMAND_MODULES = [
     "searchr1.retrieval.cli",
     "searchr1.data.cli",
     "searchr1.trainer.cli",
-    "searchr1.evaluation_cli",
+    "searchr1.evaluation.cli",
     "searchr1.bench.cli",
 ]
 

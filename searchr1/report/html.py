@@ -12,7 +12,8 @@ import math
 from importlib import resources
 from typing import Any
 
-from searchr1.evaluation import METRICS
+from searchr1.evaluation.aggregate import COUNTS, METRICS
+from searchr1.evaluation.tables import METRIC_NAMES, PaperTable, paper_table
 from searchr1.report.charts import Series, line_chart
 from searchr1.report.loading import RunData, compact_trajectory
 
@@ -33,13 +34,11 @@ MAX_SERIES = 9
 NOT_CURVES = {"step", "time", "timestamp", "wall_time", "epoch"}
 """Columns of metrics.jsonl that are coordinates, not curves."""
 METRIC_HEADERS = {
-    "em": "EM",
-    "sub_em": "subEM",
-    "f1": "F1",
-    "searches": "searches",
-    "turns": "turns",
+    **METRIC_NAMES,
     "valid_format": "valid format",
+    "tagged": "tagged answer",
     "truncated": "truncated",
+    "search_failures": "failed searches",
 }
 
 
@@ -106,7 +105,7 @@ def _cell(v: Any) -> str:
     return esc(str(v))
 
 
-def summary_table(summary: dict[str, Any], columns: tuple[str, ...] = METRICS) -> str:
+def summary_table(summary: dict[str, Any], columns: tuple[str, ...] = (*METRICS, *COUNTS)) -> str:
     head = "".join(f"<th>{esc(METRIC_HEADERS.get(m, m))}</th>" for m in columns)
     body = []
     for source, row in summary.get("sources", {}).items():
@@ -152,13 +151,10 @@ def validation_html(data: RunData) -> str:
         return f"<h3>validation at step {_cell(int(step))} (from metrics.jsonl)</h3>" + summary_table(
             summary, columns
         )
+    if data.kind == "eval":
+        return results_html(data)
     latest = data.evaluations[-1]
-    where = "this evaluation" if latest.step is None else f"validation at step {latest.step}"
-    mode = latest.summary.get("mode")
-    parts = [
-        f"<h3>{esc(where)}{f' (mode: {esc(str(mode))})' if mode else ''}</h3>",
-        summary_table(latest.summary),
-    ]
+    parts = [f"<h3>validation at step {latest.step}</h3>", summary_table(latest.summary)]
     steps = [e for e in data.evaluations if e.step is not None]
     if len(steps) > 1:
         sources = sorted({s for e in steps for s in e.summary.get("sources", {})})
@@ -177,6 +173,43 @@ def validation_html(data: RunData) -> str:
     return "".join(parts)
 
 
+def paper_table_html(table: PaperTable) -> str:
+    """Rows = methods, columns = datasets and their average (the paper's Table 2 layout)."""
+    failed = any(table.failures)
+    head = "".join(f"<th>{esc(c)}</th>" for c in table.columns) + ("<th>failed searches</th>" if failed else "")
+    body = "".join(
+        f"<tr><td>{esc(label)}</td>"
+        + "".join(f"<td>{_cell(v)}</td>" for v in values)
+        + (f"<td>{f}</td>" if failed else "")
+        + "</tr>"
+        for label, values, f in zip(table.labels, table.values, table.failures, strict=True)
+    )
+    sizes = ", ".join(f"{esc(s)} {n}" for s, n in table.counts.items())
+    return (
+        f'<table class="metrics paper"><tr><th>method</th>{head}</tr>{body}</table>'
+        f'<p class="note">questions: {sizes}; avg = mean over datasets</p>'
+    )
+
+
+def results_html(data: RunData) -> str:
+    """An eval folder: the paper-layout tables (EM, subEM, F1), then each mode per data source."""
+    summaries = {str(e.summary.get("mode", e.folder.name)): e.summary for e in data.evaluations}
+    parts = []
+    for metric in ("em", "sub_em", "f1"):
+        parts.append(f"<h3>{esc(METRIC_NAMES[metric])} per dataset</h3>")
+        parts.append(paper_table_html(paper_table(summaries, metric)))
+    for mode, summary in summaries.items():
+        label = summary.get("label", mode)
+        parts.append(f"<h3>{esc(str(label))} per data source (mode: {esc(mode)})</h3>")
+        parts.append(summary_table(summary))
+    parts.append(
+        '<p class="note">valid format: the reply follows Search-R1\'s tags; tagged answer: the answer was '
+        "read from an &lt;answer&gt; tag (the direct, cot and rag baselines score the reply itself "
+        "without one).</p>"
+    )
+    return "".join(parts)
+
+
 def _json_for_script(obj: Any) -> str:
     """JSON safe inside ``<script>``: no ``</script>`` or ``<!--`` can end or confuse the element."""
     text = json.dumps(obj, ensure_ascii=False, allow_nan=False)
@@ -186,7 +219,10 @@ def _json_for_script(obj: Any) -> str:
 def browser_html(data: RunData) -> str:
     if not data.trajectories:
         return '<p class="note">No trajectories.jsonl found.</p>'
-    where = esc(str(data.trajectories_from.relative_to(data.folder))) if data.trajectories_from else ""
+    where = ""
+    if data.trajectories_from is not None:
+        rel = data.trajectories_from.relative_to(data.folder)
+        where = esc(str(rel)) if str(rel) != "." else "&lt;mode&gt;/trajectories.jsonl"
     cut = (
         f" The first {len(data.trajectories)} of {data.trajectories_total} are included."
         if data.trajectories_total > len(data.trajectories)
@@ -199,6 +235,7 @@ def browser_html(data: RunData) -> str:
   <label>answer <select id="filter-correct"><option value="all">all</option><option value="correct">correct</option><option value="incorrect">incorrect</option></select></label>
   <label>searches <select id="filter-searches"><option value="all">any</option></select></label>
   <label>data source <select id="filter-source"><option value="all">all</option></select></label>
+  <label>mode <select id="filter-mode"><option value="all">all</option></select></label>
   <label>step <select id="filter-step"><option value="all">all</option></select></label>
   <label>text <input id="filter-text" type="search" placeholder="question or answer"></label>
   <span id="traj-count"></span>
@@ -227,10 +264,10 @@ def render_page(data: RunData, title: str | None = None) -> str:
 <style>{_asset("report.css")}</style>
 </head><body>
 <header><h1>{esc(title)}</h1><div class="meta">{meta}</div></header>
-<nav>{nav_curves}<a href="#validation">validation</a><a href="#trajectories">trajectories</a></nav>
+<nav>{nav_curves}<a href="#validation">{"results" if data.kind == "eval" else "validation"}</a><a href="#trajectories">trajectories</a></nav>
 <main>
 {curves}
-<section id="validation"><h2>Validation</h2>{validation_html(data)}</section>
+<section id="validation"><h2>{"Results" if data.kind == "eval" else "Validation"}</h2>{validation_html(data)}</section>
 <section id="trajectories"><h2>Trajectories</h2>{browser_html(data)}</section>
 </main>
 <script type="application/json" id="report-data">{_json_for_script(payload)}</script>

@@ -2,10 +2,12 @@
 
 A training run folder holds ``metrics.jsonl`` (one JSON object per step with namespaced keys),
 possibly ``validation/step_N/{summary.json,trajectories.jsonl}`` (written by ``evaluate``), and the
-trainer's own ``trajectories.jsonl`` (a few rollouts per step: question, golden answers, response
-text). An eval folder holds ``summary.json`` and ``trajectories.jsonl``. Whatever is missing is left
-out of the page. The trainer's records carry text, not token roles: their roles are recovered from
-the text (``<information>`` blocks and the invalid-action message are the masked observations).
+trainer's own ``trajectories.jsonl`` (a few rollouts per step, in the eval record layout). An eval
+folder holds one ``<mode>/`` folder per mode (``summary.json``, ``trajectories.jsonl``) and
+``results.json``, or (written by ``evaluate`` directly) ``summary.json`` and ``trajectories.jsonl``
+itself. Whatever is missing is left out of the page. Records of older versions that carry text,
+not token roles, get their roles recovered from the text (``<information>`` blocks and the
+invalid-action message are the masked observations).
 """
 
 from __future__ import annotations
@@ -19,7 +21,20 @@ from pathlib import Path
 from typing import Any
 
 from searchr1.data.prompts import INFO_CLOSE, INFO_OPEN, INVALID_ACTION_MESSAGE
-from searchr1.evaluation import STATE_FILE, SUMMARY_FILE, TRAJECTORIES_FILE, read_trajectories
+from searchr1.evaluation.errors import EvaluationError
+from searchr1.evaluation.store import (
+    RESULTS_FILE,
+    STATE_FILE,
+    SUMMARY_FILE,
+    TRAJECTORIES_FILE,
+    load_results,
+    mode_summaries,
+    read_summary,
+    read_trajectories,
+)
+from searchr1.evaluation.tables import ordered_modes
+from searchr1.rewards.format import is_valid_format
+from searchr1.rewards.text import answer_scores, read_answer
 
 METRICS_FILE = "metrics.jsonl"
 VALIDATION_DIR = "validation"
@@ -32,7 +47,7 @@ class ReportError(ValueError):
 
 @dataclass
 class Evaluation:
-    """One evaluation: a validation step of a run, or an eval folder (step None)."""
+    """One evaluation: a validation step of a run, or one mode of an eval folder (step None)."""
 
     folder: Path
     step: int | None
@@ -46,6 +61,7 @@ class RunData:
     """run | eval"""
     metrics: list[dict[str, float]] = field(default_factory=list)
     evaluations: list[Evaluation] = field(default_factory=list)
+    """Validation steps in order (a run), or the modes in the paper's order (an eval folder)."""
     trajectories: list[dict[str, Any]] = field(default_factory=list)
     trajectories_from: Path | None = None
     trajectories_total: int = 0
@@ -91,12 +107,15 @@ def read_metrics(path: Path) -> list[dict[str, float]]:
 
 def _read_summary(path: Path) -> dict[str, Any]:
     try:
-        summary = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ReportError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
-    if not isinstance(summary, dict) or "sources" not in summary:
-        raise ReportError(f"{path}: not an evaluation summary (no 'sources')")
-    return summary
+        return read_summary(path)
+    except EvaluationError as exc:
+        raise ReportError(str(exc)) from None
+
+
+def _mode_folders(folder: Path) -> list[Path]:
+    """The mode folders of an eval output folder (``<mode>/eval_state.json``), in the paper's order."""
+    subs = {p.name: p for p in folder.iterdir() if p.is_dir() and (p / STATE_FILE).is_file()}
+    return [subs[name] for name in ordered_modes(sorted(subs))]
 
 
 def load_run(folder: str | Path, max_trajectories: int = 1000) -> RunData:
@@ -106,12 +125,27 @@ def load_run(folder: str | Path, max_trajectories: int = 1000) -> RunData:
     if not folder.is_dir():
         raise ReportError(f"run folder not found: {folder}")
     data = RunData(folder=folder, kind="run", metrics=read_metrics(folder / METRICS_FILE))
-    is_eval = (folder / SUMMARY_FILE).is_file() or (folder / STATE_FILE).is_file()
-    if is_eval:
+    single = (folder / SUMMARY_FILE).is_file() or (folder / STATE_FILE).is_file()
+    modes = [] if single else _mode_folders(folder)
+    if single or modes or (folder / RESULTS_FILE).is_file():
         data.kind = "eval"
-        if (folder / SUMMARY_FILE).is_file():
-            data.evaluations.append(Evaluation(folder, None, _read_summary(folder / SUMMARY_FILE)))
-        traj_dirs = [folder]
+        traj_dirs = [folder] if single else modes
+        try:  # an interrupted run has trajectories and no summary yet: the page shows what there is
+            summaries = load_results(folder) if (folder / RESULTS_FILE).is_file() else mode_summaries(folder)
+        except EvaluationError as exc:
+            raise ReportError(str(exc)) from None
+        by_name = {sub.name: sub for sub in traj_dirs}
+        data.evaluations = [
+            Evaluation(by_name.get(mode, folder), None, summary) for mode, summary in summaries.items()
+        ]
+        share = -(-max_trajectories // max(1, len(traj_dirs)))  # every mode gets its share of the page
+        for sub in traj_dirs:
+            if (sub / TRAJECTORIES_FILE).is_file():
+                records = [as_eval_record(r) for r in read_trajectories(sub / TRAJECTORIES_FILE)]
+                data.trajectories += records[:share]
+                data.trajectories_total += len(records)
+                data.trajectories_from = sub / TRAJECTORIES_FILE if single else folder
+        data.trajectories = data.trajectories[:max_trajectories]
     else:
         steps = []
         val = folder / VALIDATION_DIR
@@ -125,21 +159,21 @@ def load_run(folder: str | Path, max_trajectories: int = 1000) -> RunData:
             if (sub / SUMMARY_FILE).is_file():
                 data.evaluations.append(Evaluation(sub, step, _read_summary(sub / SUMMARY_FILE)))
         traj_dirs = [sub for _, sub in reversed(steps)] + [folder]  # the trainer's samples come last
-    for sub in traj_dirs:
-        if (sub / TRAJECTORIES_FILE).is_file():
-            records = [as_eval_record(r) for r in read_trajectories(sub / TRAJECTORIES_FILE)]
-            if sub == folder and not is_eval:  # training samples: the latest steps are the interesting ones
-                records = records[-max_trajectories:]
-            else:
-                records = records[:max_trajectories]
-            data.trajectories = records
-            data.trajectories_total = sum(1 for _ in _lines(sub / TRAJECTORIES_FILE))
-            data.trajectories_from = sub / TRAJECTORIES_FILE
-            break
+        for sub in traj_dirs:
+            if (sub / TRAJECTORIES_FILE).is_file():
+                records = [as_eval_record(r) for r in read_trajectories(sub / TRAJECTORIES_FILE)]
+                if sub == folder:  # training samples: the latest steps are the interesting ones
+                    records = records[-max_trajectories:]
+                else:
+                    records = records[:max_trajectories]
+                data.trajectories = records
+                data.trajectories_total = sum(1 for _ in _lines(sub / TRAJECTORIES_FILE))
+                data.trajectories_from = sub / TRAJECTORIES_FILE
+                break
     if not data.metrics and not data.evaluations and not data.trajectories:
         raise ReportError(
             f"{folder} has nothing to report: expected {METRICS_FILE} and/or {VALIDATION_DIR}/step_N/ "
-            f"(a training run) or {SUMMARY_FILE} + {TRAJECTORIES_FILE} (an eval output folder)"
+            f"(a training run) or <mode>/{SUMMARY_FILE} + {TRAJECTORIES_FILE} (an eval output folder)"
         )
     return data
 
@@ -174,18 +208,17 @@ def text_segments(response: str) -> list[dict[str, Any]]:
 
 
 def as_eval_record(rec: dict[str, Any]) -> dict[str, Any]:
-    """A record in the ``evaluate`` layout; the trainer's per-step samples (``response`` text) are
-    scored and split into role segments here."""
+    """A record in the ``trajectory_record`` layout; a record of an older trainer (``response`` text,
+    no token roles) is split into role segments by its text and scored here."""
     if "segments" in rec:
         return rec
-    from searchr1.evaluation import extract_answer, is_valid_format, score_answer
-
     response = str(rec.get("response", ""))
     golden = [str(g) for g in rec.get("golden_answers") or []]
-    answer = extract_answer(response)
-    scores = score_answer(answer, golden)
-    scores["valid_format"] = float(is_valid_format(response))
     segments = text_segments(response)
+    answer, source = read_answer([s["text"] for s in segments if s["role"] == "generated"])
+    scores = answer_scores(answer, golden)
+    scores["valid_format"] = float(is_valid_format(response))
+    scores["tagged"] = float(source == "tag")
     documents = [
         [{"title": t.strip(), "text": x.strip(), "score": None} for t, x in _DOC_LINE.findall(s["text"])]
         for s in segments
@@ -226,6 +259,7 @@ def compact_trajectory(rec: dict[str, Any]) -> dict[str, Any]:
     return {
         "id": rec.get("id", ""),
         "source": rec.get("data_source", "unknown"),
+        "mode": rec.get("mode", ""),
         "question": rec.get("question", ""),
         "golden": list(rec.get("golden_answers", [])),
         "answer": rec.get("answer"),
@@ -234,6 +268,7 @@ def compact_trajectory(rec: dict[str, Any]) -> dict[str, Any]:
         "sub_em": _finite(scores.get("sub_em")),
         "f1": _finite(scores.get("f1")),
         "valid": bool(scores.get("valid_format", 0.0)),
+        "answer_source": rec.get("answer_source", ""),
         "searches": int(rec.get("searches", 0)),
         "turns": int(rec.get("turns", 0)),
         "truncated": bool(rec.get("truncated", False)),

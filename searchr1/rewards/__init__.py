@@ -15,16 +15,23 @@ from searchr1.rewards.format import FormatResult, check_format, is_valid_format
 from searchr1.rewards.registry import REWARD_COMPONENTS, RewardComponent, RewardContext, register_reward
 from searchr1.rewards.text import (
     ANSWER_METRICS,
+    NORMALIZATIONS,
+    answer_from_spans,
+    answer_scores,
     exact_match,
     extract_answer,
     f1_score,
+    model_spans,
     normalize_answer,
+    normalize_answer_unicode,
+    read_answer,
     strip_information,
     sub_exact_match,
 )
 
 __all__ = [
     "ANSWER_METRICS",
+    "NORMALIZATIONS",
     "REWARD_COMPONENTS",
     "CompositeReward",
     "FormatResult",
@@ -32,6 +39,8 @@ __all__ = [
     "RewardConfig",
     "RewardContext",
     "RewardOutput",
+    "answer_from_spans",
+    "answer_scores",
     "build_reward",
     "check_format",
     "context_from_text",
@@ -40,7 +49,10 @@ __all__ = [
     "extract_answer",
     "f1_score",
     "is_valid_format",
+    "model_spans",
     "normalize_answer",
+    "normalize_answer_unicode",
+    "read_answer",
     "register_reward",
     "strip_information",
     "sub_exact_match",

@@ -21,7 +21,7 @@ from typing import Any
 from searchr1.data.prompts import SEARCH_OPEN
 from searchr1.rewards.config import RewardConfig
 from searchr1.rewards.registry import RewardComponent, RewardContext, build_component
-from searchr1.rewards.text import strip_information
+from searchr1.rewards.text import model_spans
 
 
 @dataclass
@@ -39,14 +39,17 @@ class RewardOutput:
 
 def context_from_trajectory(traj: Any, decode: Callable[[list[int]], str]) -> RewardContext:
     """The reward view of a ``searchr1.rollout.types.Trajectory``: the answer is read from the
-    generated tokens only; the structure is checked on the whole response (observations included)."""
+    generated tokens only (the role mask, never a pattern over decoded text), one span per run of
+    generated tokens; the structure is checked on the whole response (observations included)."""
     meta = dict(traj.meta or {})
     golden = meta.get("golden_answers") or []
     if isinstance(golden, str):
         golden = [golden]
+    spans = traj.generated_spans(decode)
     return RewardContext(
-        response=traj.generated_text_only(decode),
+        response="".join(spans),
         golden_answers=[str(g) for g in golden],
+        spans=spans,
         full_response=traj.response_text or decode(list(traj.response_ids)),
         question=str(meta.get("question", "")),
         searches=int(traj.searches),
@@ -64,12 +67,15 @@ def context_from_text(
     documents: list[list[dict[str, Any]]] | None = None,
     meta: dict[str, Any] | None = None,
 ) -> RewardContext:
-    """The reward view of a plain response string (with its <information> blocks, as produced)."""
+    """The reward view of a plain response string (with its <information> blocks, as produced): the
+    model's spans are what lies between the environment's insertions (``model_spans``)."""
     golden = [golden_answers] if isinstance(golden_answers, str) else [str(g) for g in golden_answers]
-    own = strip_information(response)
+    spans = model_spans(response)
+    own = "".join(spans)
     return RewardContext(
         response=own,
         golden_answers=golden,
+        spans=spans,
         full_response=response,
         question=question,
         searches=own.count(SEARCH_OPEN) if searches is None else searches,

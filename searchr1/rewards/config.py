@@ -24,6 +24,8 @@ class RewardConfig:
     """Reward components by name and their weights, e.g. {correct_answer: 10.0, search_penalty: -0.1, invalid_format: -5.0}; a `module:function` name adds a user reward."""
     answer_metric: str = "em"
     """Metric of the `correct_answer` component: em | subem | f1."""
+    normalization: str = "squad"
+    """Answer normalisation of em / subem / f1: squad (Search-R1's and the paper's scorer) | unicode (also drops Unicode punctuation)."""
     search_budget: int = 3
     """Searches allowed before the `search_budget` component counts each further one."""
     embedding_model: str | None = None
@@ -65,6 +67,8 @@ class RewardConfig:
                 raise ValueError(f"reward.components.{name}: unknown reward component; known: {known}")
         if self.answer_metric not in ("em", "subem", "f1"):
             raise ValueError(f"reward.answer_metric: expected em | subem | f1, got {self.answer_metric!r}")
+        if self.normalization not in ("squad", "unicode"):
+            raise ValueError(f"reward.normalization: expected squad | unicode, got {self.normalization!r}")
         if self.search_budget < 0:
             raise ValueError(f"reward.search_budget: must be >= 0, got {self.search_budget}")
         if "llm_judge" in self.components and not self.judge_url:

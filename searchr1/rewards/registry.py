@@ -22,7 +22,14 @@ from typing import Any
 
 from searchr1.rewards.config import RewardConfig
 from searchr1.rewards.format import FormatResult, check_format
-from searchr1.rewards.text import ANSWER_METRICS, exact_match, extract_answer, f1_score, normalize_answer
+from searchr1.rewards.text import (
+    ANSWER_METRICS,
+    answer_from_spans,
+    exact_match,
+    f1_score,
+    model_spans,
+    normalizer,
+)
 from searchr1.rewards.text import sub_exact_match as _sub_exact_match
 
 
@@ -31,8 +38,11 @@ class RewardContext:
     """Everything a reward component may read about one episode."""
 
     response: str
-    """The model's own text (observations removed): the only place an answer is read from."""
+    """The model's own text (observations removed)."""
     golden_answers: list[str]
+    spans: list[str] | None = None
+    """The model's own text, one string per run of generated tokens (``Trajectory.generated_spans``):
+    the only place an answer is read from. None: split from ``response`` (``model_spans``)."""
     full_response: str | None = None
     """Response with the <information> blocks, for the structure check (defaults to ``response``)."""
     question: str = ""
@@ -45,7 +55,8 @@ class RewardContext:
 
     @cached_property
     def answer(self) -> str | None:
-        return extract_answer(self.response)
+        """The last complete ``<answer>`` inside one span of model text (None: no answer)."""
+        return answer_from_spans(self.spans if self.spans is not None else model_spans(self.response))
 
     @cached_property
     def format(self) -> FormatResult:
@@ -110,7 +121,7 @@ class CorrectAnswer(RewardComponent):
     """Answer metric named by ``reward.answer_metric`` (em | subem | f1) of the extracted answer."""
 
     def score(self, ctx: RewardContext) -> float:
-        return ANSWER_METRICS[self.cfg.answer_metric](ctx.answer, ctx.golden_answers)
+        return ANSWER_METRICS[self.cfg.answer_metric](ctx.answer, ctx.golden_answers, self.cfg.normalization)
 
 
 @register_reward("exact_match")
@@ -118,7 +129,7 @@ class ExactMatch(RewardComponent):
     """1 if the extracted answer equals a golden answer after normalisation (Search-R1's reward)."""
 
     def score(self, ctx: RewardContext) -> float:
-        return exact_match(ctx.answer, ctx.golden_answers)
+        return exact_match(ctx.answer, ctx.golden_answers, self.cfg.normalization)
 
 
 @register_reward("sub_exact_match")
@@ -126,7 +137,7 @@ class SubExactMatch(RewardComponent):
     """1 if a golden answer occurs inside the extracted answer after normalisation."""
 
     def score(self, ctx: RewardContext) -> float:
-        return _sub_exact_match(ctx.answer, ctx.golden_answers)
+        return _sub_exact_match(ctx.answer, ctx.golden_answers, self.cfg.normalization)
 
 
 @register_reward("f1")
@@ -134,7 +145,7 @@ class F1(RewardComponent):
     """Token F1 of the extracted answer against the best golden answer."""
 
     def score(self, ctx: RewardContext) -> float:
-        return f1_score(ctx.answer, ctx.golden_answers)
+        return f1_score(ctx.answer, ctx.golden_answers, self.cfg.normalization)
 
 
 @register_reward("format")
@@ -174,10 +185,9 @@ class RetrievalHit(RewardComponent):
     """1 if a golden answer (normalised) appears in the retrieved information (normalised)."""
 
     def score(self, ctx: RewardContext) -> float:
-        info = f" {normalize_answer(ctx.retrieved_text)} "
-        return float(
-            any(normalize_answer(g) and f" {normalize_answer(g)} " in info for g in ctx.golden_answers)
-        )
+        norm = normalizer(self.cfg.normalization)
+        info = f" {norm(ctx.retrieved_text)} "
+        return float(any(norm(g) and f" {norm(g)} " in info for g in ctx.golden_answers))
 
 
 @register_reward("embedding_similarity")

@@ -8,9 +8,11 @@ Reading order (follows the data path):
   search.py    searches in a thread pool with timeout and retries
   kv.py        KVBatch: independent streams sharing one KV cache (holes, compaction)
   hf.py        HFRolloutEngine (KV cache across turns, async search) and TurnSyncRolloutEngine
+  single_turn.py  SingleTurnEngine: one reply, no search (the evaluation's baselines)
   engine.py    RolloutEngine interface, build_engine, expand_groups, rollout_metrics
   steer.py     logits steering hook and the scripted Search-R1-like workload
   types.py     Trajectory, Role
+  records.py   trajectory_record: one JSON record per trajectory (answer from the model's own tokens)
 
 Nothing is imported here, so ``import searchr1.rollout.config`` stays light.
 """

@@ -62,6 +62,23 @@ class Trajectory:
         """The model's own tokens, decoded (observations left out), for reward parsing."""
         return decode([t for t, r in zip(self.response_ids, self.roles, strict=True) if r == Role.GENERATED])
 
+    def generated_spans(self, decode: Any) -> list[str]:
+        """The model's own text, one decoded string per run of consecutive generated tokens (a turn,
+        or the part of a turn between two observations). Every token the rollout inserted (role
+        OBSERVATION: information blocks, the invalid-action message) is left out by the role mask,
+        and no span joins text from both sides of an insertion: answers are read from these."""
+        spans: list[str] = []
+        run: list[int] = []
+        for token, role in zip(self.response_ids, self.roles, strict=True):
+            if role == Role.GENERATED:
+                run.append(token)
+            elif run:
+                spans.append(decode(run))
+                run = []
+        if run:
+            spans.append(decode(run))
+        return spans
+
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
 

@@ -245,11 +245,14 @@ def score(reward_fn: Any, trajectories: Sequence[Any], decode: Any) -> list[Any]
     return [reward_fn(t, decode) for t in trajectories]
 
 
-def answer_metrics(response_text: str, golden_answers: Sequence[str]) -> dict[str, float]:
-    """EM and F1 of the answer extracted from a response (the evaluation's metrics)."""
-    from searchr1.rewards.text import exact_match, extract_answer, f1_score
+def answer_metrics(response: str | Sequence[str], golden_answers: Sequence[str]) -> dict[str, float]:
+    """EM and F1 of the model's answer (the evaluation's metrics and normalisation). ``response``:
+    the trajectory's generated spans (``traj.generated_spans(decode)``: a tag pair never straddles
+    an observation), or its generated text as one string (``traj.generated_text_only(decode)``)."""
+    from searchr1.rewards.text import answer_from_spans, exact_match, f1_score
 
-    answer = extract_answer(response_text)
+    spans = [response] if isinstance(response, str) else list(response)
+    answer = answer_from_spans(spans)
     return {
         "em": float(exact_match(answer, list(golden_answers))),
         "f1": float(f1_score(answer, list(golden_answers))),

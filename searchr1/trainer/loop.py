@@ -749,7 +749,7 @@ class RLTrainer:
             return
         import json
 
-        from searchr1.evaluation import trajectory_record
+        from searchr1.rollout.records import trajectory_record
 
         with (self.out_dir / "trajectories.jsonl").open("a") as fh:
             for traj in self._last_trajs[:k]:

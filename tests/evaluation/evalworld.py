@@ -8,8 +8,9 @@ import math
 from pathlib import Path
 
 from searchr1.data.prompts import build_prompt, format_observation_docs, wrap_information
-from searchr1.evaluation import TRAJECTORIES_FILE, aggregate, trajectory_record
+from searchr1.evaluation import TRAJECTORIES_FILE, aggregate
 from searchr1.retrieval.base import Hit
+from searchr1.rollout.records import trajectory_record
 from searchr1.rollout.types import Role, Trajectory
 
 WORLD = [

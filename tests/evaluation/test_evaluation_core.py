@@ -1,4 +1,5 @@
-"""evaluate(): per-source metrics that agree with the trajectories on disk, the three modes, resuming."""
+"""evaluate(): per-source metrics that agree with the trajectories on disk, the four modes, resuming,
+failed searches retried, several modes in one table."""
 
 from __future__ import annotations
 
@@ -23,13 +24,16 @@ from searchr1.evaluation import (
     SUMMARY_FILE,
     TRAJECTORIES_FILE,
     EvaluationError,
-    SingleTurnEngine,
     evaluate,
+    evaluate_modes,
     flatten_summary,
-    format_table,
+    format_summary_table,
 )
+from searchr1.evaluation.modes import DIRECT_SYSTEM
+from searchr1.retrieval.base import SearchError
 from searchr1.retrieval.bm25 import BM25Retriever
 from searchr1.rollout.config import RolloutConfig
+from searchr1.rollout.single_turn import SingleTurnEngine
 from searchr1.rollout.steer import FREE, ScriptedTurns, SteerRow
 
 
@@ -133,25 +137,33 @@ def _f1(pred: str, gold: str) -> float:
     return 2 * prec * rec / (prec + rec)
 
 
-def _last_answer(generated: str) -> str | None:
-    found = re.findall(r"<answer>(.*?)</answer>", generated, flags=re.S)
-    return found[-1].strip() if found else None
+def _answer(generated: list[str], reply_fallback: bool) -> str | None:
+    """The last <answer> inside one generated segment; for the baselines, else the reply itself."""
+    for text in reversed(generated):
+        found = re.findall(r"<answer>(.*?)</answer>", text, flags=re.S)
+        if found:
+            return found[-1].strip()
+    if not reply_fallback:
+        return None
+    reply = re.sub(r"<\|[a-z_]+\|>", "", "".join(generated))  # special tokens are not the reply
+    return " ".join(re.sub(r"<think>.*?(</think>|$)", " ", reply, flags=re.S).split())
 
 
 def recompute(records: list[dict]) -> dict[str, dict[str, float]]:
     groups: dict[str, list[dict[str, float]]] = defaultdict(list)
     for r in records:
-        generated = "".join(s["text"] for s in r["segments"] if s["role"] == "generated")
-        ans = _last_answer(generated)
-        assert ans == r["answer"], "the stored answer is the last <answer> of the model's own tokens"
+        generated = [s["text"] for s in r["segments"] if s["role"] == "generated"]
+        ans = _answer(generated, reply_fallback=r["mode"] != "agent")
+        assert ans == r["answer"], "the stored answer is read from the model's own tokens"
         golds = r["golden_answers"]
         row = {
             "em": float(ans is not None and any(_norm(ans) == _norm(g) for g in golds)),
             "sub_em": float(ans is not None and any(_norm(g) in _norm(ans) for g in golds)),
             "f1": max((_f1(ans, g) for g in golds), default=0.0) if ans is not None else 0.0,
+            "valid_format": r["scores"]["valid_format"],
+            "tagged": float(r["answer_source"] == "tag"),
             "searches": float(len(r["queries"])),
             "turns": float(r["turns"]),
-            "valid_format": r["scores"]["valid_format"],
             "truncated": float(r["truncated"]),
         }
         groups[r["data_source"]].append(row)
@@ -170,6 +182,36 @@ def assert_summary_matches(summary: dict, records: list[dict]) -> None:
 
 def read_records(out: Path) -> list[dict]:
     return [json.loads(x) for x in (out / TRAJECTORIES_FILE).read_text().splitlines()]
+
+
+class ForcedReply:
+    """A steer that makes row i write ``replies[i]`` token by token and then EOS (a reply "model")."""
+
+    def __init__(self, tokenizer, replies: list[str]):
+        self.eos = tokenizer.eos_token_id
+        self.ids = [tokenizer.encode(r, add_special_tokens=False) for r in replies]
+
+    def __call__(self, rows, logits):
+        out = logits.clone()
+        for i, row in enumerate(rows):
+            plan = self.ids[int(row.meta["index"])]
+            pos = len(row.turn_ids)
+            out[i] = float("-inf")
+            out[i, plan[pos] if pos < len(plan) else self.eos] = 0.0
+        return out
+
+
+class FailingRetriever:
+    """A search backend that is down."""
+
+    calls = 0
+
+    def search(self, queries, topk):
+        FailingRetriever.calls += 1
+        raise SearchError("connection refused")
+
+    def close(self):
+        pass
 
 
 # --- tests ------------------------------------------------------------------------------------------
@@ -198,38 +240,97 @@ def test_agent_summary_matches_trajectories_and_records_the_searches(tiny, retri
             for h in hits:
                 assert f"(Title: {h['title']})" in observed
         assert r["question"] in r["segments"][0]["text"]
+        assert r["answer_source"] == "tag" and r["search_failures"] == 0
     assert summary["overall"]["searches"] == pytest.approx(1.0)
     # scripted answers follow the Search-R1 structure, so the format check passes for every row
-    assert summary["overall"]["valid_format"] == 1.0
+    assert summary["overall"]["valid_format"] == 1.0 and summary["overall"]["tagged"] == 1.0
+    assert summary["overall"]["em"] == pytest.approx(3 / 6)  # the even samples give the golden answer
     flat = flatten_summary(summary)
     assert flat["val/synth/searches"] == summary["sources"]["synth"]["searches"]
-    assert "synth" in format_table(summary) and "all" in format_table(summary)
+    assert flat["val/all/search_failures"] == 0
+    table = format_summary_table(summary)
+    assert "synth" in table and "all" in table and "failed" in table.splitlines()[0]
 
 
-def test_direct_and_rag_modes(tiny, retriever, samples, tmp_path):
+def test_direct_cot_and_rag_modes(tiny, retriever, samples, tmp_path):
     model, tok = tiny
     engine = SingleTurnEngine(model, tok, max_new_tokens=6)
-    direct = evaluate(engine, samples, tokenizer=tok, mode="direct", batch_size=3, out_dir=tmp_path / "d")
-    rag = evaluate(
-        engine, samples, tokenizer=tok, mode="rag", retriever=retriever, batch_size=3, out_dir=tmp_path / "r"
-    )
-    for summary, folder in ((direct, tmp_path / "d"), (rag, tmp_path / "r")):
-        records = read_records(folder)
+    summaries = {}
+    for mode in ("direct", "cot", "rag"):
+        summaries[mode] = evaluate(
+            engine,
+            samples,
+            tokenizer=tok,
+            mode=mode,
+            retriever=retriever,
+            batch_size=3,
+            out_dir=tmp_path / mode,
+        )
+        records = read_records(tmp_path / mode)
         assert len(records) == len(samples)
-        assert_summary_matches(summary, records)
+        assert_summary_matches(summaries[mode], records)
         for r in records:
             assert r["turns"] == 1 and [s["role"] for s in r["segments"]] == ["prompt", "generated"]
             assert r["num_tokens"]["generated"] <= 6
-    assert direct["overall"]["searches"] == 0.0 and rag["overall"]["searches"] == 1.0
-    for r in read_records(tmp_path / "d"):
-        assert "Doc 1(" not in r["segments"][0]["text"] and r["queries"] == []
-    for r, s in zip(read_records(tmp_path / "r"), samples, strict=True):
+            assert r["answer"] is not None, "a baseline's reply is scored even without an answer tag"
+    assert (
+        summaries["direct"]["overall"]["searches"] == 0.0 and summaries["rag"]["overall"]["searches"] == 1.0
+    )
+    for r in read_records(tmp_path / "direct"):
+        prompt = r["segments"][0]["text"]
+        assert DIRECT_SYSTEM in prompt and "Doc 1(" not in prompt and r["queries"] == []
+    for r in read_records(tmp_path / "cot"):
+        assert "<think>" in r["segments"][0]["text"] and r["queries"] == []
+    for r, s in zip(read_records(tmp_path / "rag"), samples, strict=True):
         top = retriever.search([s["question"]], 3)[0]
         assert r["queries"] == [s["question"]]
         assert [h["title"] for h in r["documents"][0]] == [h.title for h in top]
         assert f"Doc 1(Title: {top[0].title})" in r["segments"][0]["text"]
     with pytest.raises(EvaluationError, match="rag"):
         evaluate(engine, samples, tokenizer=tok, mode="rag", batch_size=3)
+
+
+def test_a_reply_without_tags_is_scored_and_a_tagged_one_by_its_tag(tiny, samples, tmp_path):
+    """Forced replies: the golden answer bare, inside tags, inside a sentence, and a wrong one."""
+    model, tok = tiny
+    golds = [s["golden_answers"][0] for s in samples]
+    replies = [
+        golds[0],
+        f"<think> easy </think> <answer> {golds[1]} </answer>",
+        f"It is {golds[2]}.",
+        "Nowhere",
+        f"<answer> {golds[4]} </answer> and more",
+        golds[5],
+    ]
+    engine = SingleTurnEngine(model, tok, max_new_tokens=24, steer=ForcedReply(tok, replies))
+    summary = evaluate(engine, samples, tokenizer=tok, mode="direct", out_dir=tmp_path / "d")
+    records = read_records(tmp_path / "d")
+    assert [r["answer_source"] for r in records] == ["reply", "tag", "reply", "reply", "tag", "reply"]
+    assert [r["scores"]["em"] for r in records] == [1.0, 1.0, 0.0, 0.0, 1.0, 1.0]
+    assert [r["scores"]["sub_em"] for r in records] == [1.0, 1.0, 1.0, 0.0, 1.0, 1.0]
+    assert [r["finish_reason"] for r in records] == ["eos", "answer", "eos", "eos", "answer", "eos"]
+    assert records[4]["segments"][-1]["text"].endswith("</answer>"), "the reply ends at </answer>"
+    assert [r["scores"]["valid_format"] for r in records] == [0.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+    assert summary["overall"]["tagged"] == pytest.approx(2 / 6)
+    assert_summary_matches(summary, records)
+    # the agent is held to the tag: the same replies give no answer where there is no tag
+    agent = evaluate(SingleTurnEngine(model, tok, 24, steer=ForcedReply(tok, replies)), samples,
+                     tokenizer=tok, mode="agent")  # fmt: skip
+    assert agent["overall"]["em"] == pytest.approx(2 / 6)
+
+
+def test_single_turn_engine_stops_and_names_why(tiny, samples):
+    model, tok = tiny
+    replies = ["<answer> x </answer> more", "<search> q </search> more", "a b c d e f g h i j k l", "y"]
+    engine = SingleTurnEngine(model, tok, max_new_tokens=8, steer=ForcedReply(tok, replies))
+    metas = [{"index": i} for i in range(4)]
+    prompts = [tok.encode("Question: q", add_special_tokens=False)] * 4
+    trajs = engine.generate(prompts, metas)
+    assert [t.finish_reason for t in trajs] == ["answer", "search", "length", "eos"]
+    assert [t.truncated for t in trajs] == [False, False, True, False]
+    assert all(t.turns == 1 and t.searches == 0 and set(t.roles) == {1} for t in trajs)
+    assert len(trajs[2].response_ids) == 8
+    assert all(len(t.logprobs) == len(t.response_ids) and max(t.logprobs) <= 0.0 for t in trajs)
 
 
 class Interrupt(Exception):
@@ -260,7 +361,7 @@ def test_resume_after_interruption_gives_the_same_summary(tiny, retriever, sampl
     with open(out / TRAJECTORIES_FILE, "a") as fh:  # a crash in the middle of writing a line
         fh.write('{"index": 4, "id": "nq_4", "quest')
 
-    batches = []
+    batches, starts = [], []
     resumed = evaluate(
         agent_engine(tiny, retriever),
         samples,
@@ -268,7 +369,9 @@ def test_resume_after_interruption_gives_the_same_summary(tiny, retriever, sampl
         batch_size=2,
         out_dir=out,
         on_batch=batches.append,
+        on_start=lambda done, total: starts.append((done, total)),
     )
+    assert starts == [(4, 6)]
     assert [len(b.records) for b in batches] == [2], "only the missing samples are generated"
     assert resumed == full
     assert read_records(out) == read_records(tmp_path / "full")
@@ -283,18 +386,74 @@ def test_resume_refuses_a_different_run_and_no_resume_starts_over(tiny, samples,
         evaluate(engine, samples, tokenizer=tok, mode="direct", batch_size=2, out_dir=out)
     with pytest.raises(EvaluationError, match="model"):
         evaluate(engine, samples[:2], tokenizer=tok, mode="direct", out_dir=out, settings={"model": "other"})
+    with pytest.raises(EvaluationError, match="normalization"):
+        evaluate(engine, samples[:2], tokenizer=tok, mode="direct", out_dir=out, normalization="unicode")
     summary = evaluate(engine, samples, tokenizer=tok, mode="direct", batch_size=2, out_dir=out, resume=False)
     assert summary["overall"]["n"] == len(samples) == len(read_records(out))
 
 
-def test_single_turn_cut_keeps_the_answer_and_nothing_after(tiny):
+def test_failed_searches_are_counted_and_retried_on_resume(tiny, retriever, samples, tmp_path):
     model, tok = tiny
-    engine = SingleTurnEngine(model, tok)
-    ids = tok("<think> x </think> <answer> Borvik </answer> and more", add_special_tokens=False)["input_ids"]
-    cut, reason = engine._cut(ids)
-    assert reason == "answer" and tok.decode(cut).endswith("</answer>")
-    eos = tok.eos_token_id
-    cut, reason = engine._cut([*ids[:3], eos, *ids[3:]])
-    assert reason == "eos" and cut == [*ids[:3], eos]
-    cut, reason = engine._cut(ids[:4])
-    assert reason == "length" and cut == ids[:4]
+    engine = SingleTurnEngine(model, tok, max_new_tokens=3)
+    out = tmp_path / "rag"
+    down = evaluate(engine, samples, tokenizer=tok, mode="rag", retriever=FailingRetriever(), batch_size=4,
+                    out_dir=out, search_retries=1)  # fmt: skip
+    assert FailingRetriever.calls == 2 * 2, "two batches, each tried twice"
+    assert down["overall"]["search_failures"] == 6 and down["sources"]["nq"]["search_failures"] == 3
+    records = read_records(out)
+    assert all(r["search_failures"] == 1 and r["documents"] == [[]] for r in records)
+    assert "connection refused" in records[0]["search_errors"][0]
+    assert "Doc 1(" not in records[0]["segments"][0]["text"]
+
+    batches = []
+    up = evaluate(engine, samples, tokenizer=tok, mode="rag", retriever=retriever, batch_size=4, out_dir=out,
+                  on_batch=batches.append)  # fmt: skip
+    assert sum(len(b.records) for b in batches) == 6, "every failed question is generated again"
+    assert up["overall"]["search_failures"] == 0
+    records = read_records(out)
+    assert [r["index"] for r in records] == list(range(6)), "one line per question after the retry"
+    assert all(r["documents"][0] for r in records)
+
+
+def test_several_modes_give_one_table_in_the_papers_layout(tiny, retriever, samples, tmp_path):
+    model, tok = tiny
+
+    def engine_for(mode):
+        if mode.name == "agent":
+            return agent_engine(tiny, retriever)
+        return SingleTurnEngine(model, tok, max_new_tokens=4)
+
+    results = evaluate_modes("agent,direct,rag", engine_for, samples, tokenizer=tok, out_dir=tmp_path,
+                             retriever=retriever, batch_size=3, settings={"model": "tiny"})  # fmt: skip
+    assert results["modes"] == ["direct", "rag", "agent"]  # the paper's row order
+    em = results["tables"]["em"]
+    assert em["columns"] == ["nq", "synth", "avg"]  # benchmarks first, then others by name, then avg
+    assert [r["method"] for r in em["rows"]] == ["Direct", "RAG", "Search-R1"]
+    for row in em["rows"]:
+        per_source = results["summaries"][row["mode"]]["sources"]
+        assert row["values"][:2] == [per_source["nq"]["em"], per_source["synth"]["em"]]
+        assert row["values"][2] == pytest.approx((row["values"][0] + row["values"][1]) / 2)  # macro avg
+    assert em["rows"][2]["values"][2] == pytest.approx(0.5)
+    table = (tmp_path / "table.md").read_text()
+    assert table.count("\n| ") == 4 and "| Search-R1 |" in table
+    assert json.loads((tmp_path / "results.json").read_text())["tables"]["em"] == em
+
+    # a later run of one more mode into the same folder adds its row to the same table
+    more = evaluate_modes("cot", engine_for, samples, tokenizer=tok, out_dir=tmp_path, batch_size=3,
+                          settings={"model": "tiny"})  # fmt: skip
+    assert more["modes"] == ["direct", "cot", "rag", "agent"]
+    other = evaluate_modes("cot", engine_for, samples, tokenizer=tok, out_dir=tmp_path / "x", batch_size=3,
+                           settings={"model": "another"})  # fmt: skip
+    assert other["modes"] == ["cot"]
+
+
+def test_bad_input_is_one_line_naming_it(tiny, samples):
+    model, tok = tiny
+    engine = SingleTurnEngine(model, tok, max_new_tokens=2)
+    with pytest.raises(
+        EvaluationError, match=r"^--mode bogus: unknown mode; expected one of direct, cot, rag, agent$"
+    ):
+        evaluate(engine, samples, tokenizer=tok, mode="bogus")
+    broken = [dict(samples[0]), {k: v for k, v in samples[1].items() if k != "golden_answers"}]
+    with pytest.raises(EvaluationError, match=r"^sample 1 \(id synth_1\): no golden_answers"):
+        evaluate(engine, broken, tokenizer=tok, mode="direct")

@@ -166,3 +166,34 @@ def test_report_of_a_real_training_run(trained_run):
         generated = sum(seg[2] for seg in t["segments"] if seg[0] == "generated")
         assert generated == r["num_tokens"]["generated"] > 0
         assert t["source"] == r["data_source"] and t["id"].startswith(f"step {r['step']}: ")
+
+
+def test_multi_mode_eval_folder_shows_the_papers_table_and_every_mode(tmp_path, tiny_tokenizer):
+    from searchr1.evaluation.runner import write_results
+
+    out = tmp_path / "ev"
+    summaries = {}
+    for mode, step in (("agent", 0), ("direct", 1)):  # direct gets the other half of the answers right
+        records = [{**r, "mode": mode} for r in scripted_records(tiny_tokenizer, step)]
+        write_eval_folder(out / mode, records, mode=mode)
+        (out / mode / "eval_state.json").write_text(json.dumps({"mode": mode}))
+        summaries[mode] = json.loads((out / mode / "summary.json").read_text())
+    write_results(out, summaries, {})
+    page = parse(build_report(out))
+    html = (out / "report.html").read_text()
+    assert "EM per dataset" in page.h3 and "F1 per dataset" in page.h3
+    assert [h for h in page.h3 if "per data source" in h] == [
+        "direct per data source (mode: direct)",
+        "agent per data source (mode: agent)",
+    ]
+    rows = re.findall(
+        r"<tr><td>(Direct|Search-R1)</td><td>([0-9.]+)</td><td>([0-9.]+)</td><td>([0-9.]+)</td>", html
+    )
+    assert [r[0] for r in rows[:2]] == ["Direct", "Search-R1"]  # the paper's row order
+    for label, nq, synth, avg in rows[:2]:
+        mode = "direct" if label == "Direct" else "agent"
+        src = summaries[mode]["sources"]
+        assert (float(nq), float(synth)) == (round(src["nq"]["em"], 3), round(src["synth"]["em"], 3))
+        assert float(avg) == round((src["nq"]["em"] + src["synth"]["em"]) / 2, 3)
+    data = json.loads(page.data_json)["trajectories"]
+    assert sorted({t["mode"] for t in data}) == ["agent", "direct"] and len(data) == 12

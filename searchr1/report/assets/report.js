@@ -15,6 +15,7 @@
   const fSource = document.getElementById("filter-source");
   const fText = document.getElementById("filter-text");
   const fStep = document.getElementById("filter-step");
+  const fMode = document.getElementById("filter-mode");
   let matching = [];
   let shown = 0;
 
@@ -40,6 +41,9 @@
   const steps = [...new Set(all.filter((t) => t.step !== null && t.step !== undefined).map((t) => t.step))].sort((a, b) => a - b);
   steps.forEach((s) => addOption(fStep, String(s), String(s)));
   fStep.parentElement.hidden = steps.length === 0;
+  const modes = [...new Set(all.map((t) => t.mode).filter((m) => m))].sort();
+  modes.forEach((m) => addOption(fMode, m, m));
+  fMode.parentElement.hidden = modes.length < 2;
 
   function passes(t) {
     if (fCorrect.value === "correct" && !t.correct) return false;
@@ -47,6 +51,7 @@
     if (fSearches.value !== "all" && searchBucket(t.searches) !== fSearches.value) return false;
     if (fSource.value !== "all" && t.source !== fSource.value) return false;
     if (fStep.value !== "all" && String(t.step) !== fStep.value) return false;
+    if (fMode.value !== "all" && t.mode !== fMode.value) return false;
     const needle = fText.value.trim().toLowerCase();
     if (needle && !(t.question + " " + (t.answer || "") + " " + t.golden.join(" ")).toLowerCase().includes(needle)) return false;
     return true;
@@ -57,7 +62,8 @@
   function renderBody(t, body) {
     const facts = el("dl", "facts");
     const rows = [
-      ["id", t.id], ["golden answers", t.golden.join(" | ")], ["answer", t.answer === null ? "(none)" : t.answer],
+      ["id", t.id], ["golden answers", t.golden.join(" | ")],
+      ["answer", t.answer === null ? "(none)" : t.answer + (t.answer_source === "reply" ? "  (the reply itself: no <answer> tag)" : "")],
       ["scores", "EM " + fmt(t.em) + "  subEM " + fmt(t.sub_em) + "  F1 " + fmt(t.f1) + "  format " + (t.valid ? "valid" : "invalid")],
       ["turns", t.turns + " (finish: " + (t.finish || "?") + (t.truncated ? ", truncated" : "") + ")"],
       t.text_roles
@@ -65,6 +71,7 @@
         : ["tokens", "prompt " + t.tokens.prompt + ", generated " + t.tokens.generated + ", retrieved " + t.tokens.observation],
     ];
     if (t.step !== null && t.step !== undefined) rows.unshift(["step", t.step]);
+    if (t.mode) rows.unshift(["mode", t.mode]);
     rows.forEach(([k, v]) => { facts.appendChild(el("dt", null, k)); facts.appendChild(el("dd", null, v)); });
     body.appendChild(facts);
 
@@ -105,10 +112,12 @@
     d.dataset.correct = t.correct ? "1" : "0";
     d.dataset.searches = String(t.searches);
     d.dataset.source = t.source;
+    if (t.mode) d.dataset.mode = t.mode;
     if (t.step !== null && t.step !== undefined) d.dataset.step = String(t.step);
     const sm = el("summary");
     sm.appendChild(el("span", "badge " + (t.correct ? "ok" : "bad"), t.correct ? "correct" : "incorrect"));
     sm.appendChild(el("span", "badge src", t.source));
+    if (modes.length > 1) sm.appendChild(el("span", "badge src", t.mode));
     if (t.step !== null && t.step !== undefined) sm.appendChild(el("span", "badge src", "step " + t.step));
     sm.appendChild(el("span", "badge n", t.searches + (t.searches === 1 ? " search" : " searches")));
     sm.appendChild(el("span", "q", t.question));
@@ -138,7 +147,7 @@
     showMore();
   }
 
-  [fCorrect, fSearches, fSource, fStep].forEach((f) => f.addEventListener("change", apply));
+  [fCorrect, fSearches, fSource, fStep, fMode].forEach((f) => f.addEventListener("change", apply));
   fText.addEventListener("input", apply);
   more.addEventListener("click", showMore);
   apply();

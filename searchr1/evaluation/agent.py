@@ -5,8 +5,9 @@
     result = agent.ask("Where was Alice Verdan born?")
     result.answer, result.queries, result.trajectory.searches
 
-The agent runs the same rollout engine, prompt and scoring record as training and ``searchr1 eval``
-(greedy decoding), so what it does here is what it did there. ``on_event`` receives the answer as it
+The agent runs the same rollout engine, prompt and trajectory record as training and ``searchr1 eval``
+(greedy decoding; the answer is read from the model's own tokens), so what it does here is what it
+did there. ``on_event`` receives the answer as it
 is produced: the reasoning text while it is generated (a token behind the model: each turn's last
 token, the closing tag, is not streamed), each search with its hits when the search returns, and
 the answer at the end.
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from searchr1.data.prompts import INFO_OPEN
+from searchr1.evaluation.modes import mode_prompt
+from searchr1.rollout.records import trajectory_record
 from searchr1.rollout.types import Trajectory
 
 
@@ -215,17 +218,13 @@ class Agent:
 
     def ask_many(self, questions: list[str]) -> list[AgentAnswer]:
         """Answer several questions in one batch (greedy)."""
-        from searchr1.evaluation import build_mode_prompt, sample_view, trajectory_record
         from searchr1.rollout.sampling import SamplingParams
 
         views = [
-            sample_view({"id": str(i), "question": q, "golden_answers": [], "data_source": "ask"}, i)
+            {"index": i, "id": str(i), "question": q, "golden_answers": [], "data_source": "ask"}
             for i, q in enumerate(questions)
         ]
-        prompts = [
-            build_mode_prompt(v["question"], "agent", template=self.template, tokenizer=self.tokenizer)
-            for v in views
-        ]
+        prompts = [mode_prompt("agent", v, template=self.template, tokenizer=self.tokenizer) for v in views]
         ids = [self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
         trajs = self.engine.generate(
             ids, [dict(v) for v in views], sampling=SamplingParams.greedy_eval(), seed=0

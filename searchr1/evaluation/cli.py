@@ -1,4 +1,9 @@
-"""``searchr1 eval``, ``searchr1 ask`` and ``searchr1 report``."""
+"""``searchr1 eval``, ``searchr1 ask`` and ``searchr1 report``.
+
+Every input is checked before any work (the model, each data file, the search backend), and each
+problem is one line naming it. Heavy modules (torch, transformers, the retrievers) are imported in
+the handlers, so that ``searchr1 --help`` stays fast.
+"""
 
 from __future__ import annotations
 
@@ -9,13 +14,29 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from searchr1.errors import UserFacingError
+from searchr1.evaluation.modes import MODES, Mode, parse_modes, sample_view
+from searchr1.evaluation.progress import Monitor
+from searchr1.evaluation.runner import evaluate_modes, run_state
+from searchr1.evaluation.store import RESULTS_FILE, TABLE_FILE, check_resumable, load_results
+from searchr1.evaluation.tables import (
+    TABLE_METRICS,
+    compare_tables,
+    format_paper_table,
+    format_summary_table,
+    paper_table,
+)
+
+SEARCH_FAILED_STATUS = 3
+"""Exit status of ``eval`` when a search failed (and failures were not tolerated)."""
+
 EXAMPLES_EVAL = """examples:
-  searchr1 eval --model runs/tiny/checkpoints/step_000050/model --data data/world/test.jsonl --index indexes/world
-  searchr1 eval --model Qwen/Qwen2.5-3B --data all7.parquet --search-url http://127.0.0.1:8000 --out eval/qwen3b
-  searchr1 eval --model runs/tiny/checkpoints/step_000050/model --data data/world/test.jsonl --mode direct   (no search: the Direct row)
-  searchr1 eval --model runs/tiny/checkpoints/step_000050/model --data data/world/test.jsonl --corpus data/world/corpus.jsonl --mode rag
-  searchr1 eval --model Qwen/Qwen2.5-3B --data nq_test.jsonl --data hotpotqa_dev.jsonl --index indexes/wiki-bm25
-A rerun into the same --out continues an interrupted run; --no-resume starts over.
+  searchr1 eval --model smollm2-135m-instruct --template instruct --data nq_test.jsonl \\
+      --corpus wiki18_sample_corpus.jsonl --mode direct,cot,rag,agent      (the paper's rows, one table)
+  searchr1 eval --model runs/tiny/checkpoints/step_000050/model --data data/world/test.jsonl --index indexes/world --out eval/after
+  searchr1 eval --compare eval/before eval/after          (two runs side by side: before / after RL)
+A rerun into the same --out continues an interrupted run (and retries questions whose search
+failed); --no-resume starts over. Exit status 3: a search failed (--tolerate-search-failures: 0).
 """
 
 EXAMPLES_ASK = """examples:
@@ -30,12 +51,11 @@ EXAMPLES_REPORT = """examples:
 """
 
 
-def _add_model_and_search_args(p: argparse.ArgumentParser) -> None:
+def _add_model_and_search_args(p: argparse.ArgumentParser, model_required: bool = True) -> None:
     p.add_argument(
         "--model",
-        required=True,
-        help="hub id, alias or local folder of the policy; a training checkpoint's model/ folder, "
-        "e.g. runs/tiny/checkpoints/step_000050/model",
+        required=model_required,
+        help="model: a local folder (a checkpoint), a hub id, a .gguf file or an alias (smollm2-135m-instruct)",
     )
     g = p.add_mutually_exclusive_group()
     g.add_argument("--index", default=None, help="search index folder (from `searchr1 index build`)")
@@ -51,7 +71,8 @@ def _add_model_and_search_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--template",
         default=None,
-        help="prompt template: base | instruct | a file with {question} (default base)",
+        help="prompt template: base | instruct | instruct_1shot | a file with {question} (default base); "
+        "the baselines use chat messages when it is a chat template",
     )
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 (default float32)")
     p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
@@ -69,34 +90,67 @@ def _add_model_and_search_args(p: argparse.ArgumentParser) -> None:
 
 def register(sub: argparse._SubParsersAction) -> None:
     fmt = argparse.RawDescriptionHelpFormatter
+    modes_help = "; ".join(f"{m.name}: {m.help}" for m in MODES.values())
     e = sub.add_parser(
         "eval",
-        help="evaluate a model on question sets (EM, subEM, F1, searches per source)",
-        description="Run a model greedily over one or more datasets and score it per data source: EM, "
-        "subEM, F1, average searches and turns, valid-format and truncation rates. Writes summary.json "
-        "and trajectories.jsonl into --out, batch by batch (a rerun continues an interrupted run).",
+        help="evaluate a model on question sets in the paper's modes (EM, subEM, F1 per dataset)",
+        description="Run a model greedily over one or more datasets in one or more modes and score it per "
+        "data source: EM, subEM, F1 (Search-R1's normalisation), valid-format and tagged-answer rates, "
+        "searches, turns, truncations, failed searches. Prints one table in the paper's layout (rows: "
+        "methods, columns: datasets and their average) and writes it with every trajectory into --out, "
+        "batch by batch (a rerun continues an interrupted run).",
         epilog=EXAMPLES_EVAL,
         formatter_class=fmt,
     )
-    _add_model_and_search_args(e)
+    _add_model_and_search_args(e, model_required=False)
     e.add_argument(
         "--data",
         action="append",
-        required=True,
+        default=[],
         metavar="FILE",
         help="FlashRAG jsonl or Search-R1 parquet; repeat for several",
     )
     e.add_argument(
         "--mode",
-        choices=["agent", "direct", "rag"],
         default="agent",
-        help="agent: the Search-R1 loop; direct: no search; rag: retrieve once with the question (default agent)",
+        help=f"comma-separated modes (default agent). {modes_help}",
     )
-    e.add_argument("--out", default=None, help="output folder (default runs/eval/<model>-<mode>)")
+    e.add_argument(
+        "--compare",
+        nargs=2,
+        metavar=("A", "B"),
+        default=None,
+        help="print two eval output folders side by side (e.g. before / after RL) and exit",
+    )
+    e.add_argument(
+        "--metric",
+        choices=TABLE_METRICS,
+        default="em",
+        help="metric of the paper-layout and --compare tables (default em, the paper's)",
+    )
+    e.add_argument(
+        "--normalization",
+        choices=("squad", "unicode"),
+        default="squad",
+        help="answer normalisation: squad = Search-R1's and the paper's scorer (default); unicode also "
+        "drops Unicode punctuation",
+    )
+    e.add_argument(
+        "--answer-tokens",
+        type=int,
+        default=64,
+        help="tokens of a direct / rag reply at most (default 64; cot replies get --max-turn-tokens)",
+    )
+    e.add_argument(
+        "--tolerate-search-failures",
+        action="store_true",
+        help="exit 0 even if searches failed (they are counted in the tables either way)",
+    )
+    e.add_argument("--out", default=None, help="output folder (default runs/eval/<model>)")
     e.add_argument("--batch-size", type=int, default=16, help="questions generated together (default 16)")
     e.add_argument("--limit", type=int, default=None, help="evaluate only the first N questions of each file")
     e.add_argument("--no-resume", action="store_true", help="start over even if --out holds a partial run")
-    e.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
+    e.add_argument("--json", action="store_true", help="print the results as JSON instead of tables")
     e.set_defaults(func=_eval)
 
     a = sub.add_parser(
@@ -120,8 +174,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     r = sub.add_parser(
         "report",
         help="write a self-contained HTML report of a run or eval folder",
-        description="One HTML page (no network needed to view it): training curves, validation table per "
-        "data source, and a trajectory browser with the role of every token.",
+        description="One HTML page (no network needed to view it): training curves, the results table in "
+        "the paper's layout and per data source, and a trajectory browser with the role of every token.",
         epilog=EXAMPLES_REPORT,
         formatter_class=fmt,
     )
@@ -139,33 +193,26 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _error(message: str) -> Exception:
-    from searchr1.errors import UserFacingError
-
     return UserFacingError(message)
 
 
 def check_model(model: str) -> None:
-    """A local model folder must exist and hold config.json; anything else must resolve as a hub id."""
+    """A local model folder must hold a readable config.json; any other name must resolve
+    (``searchr1.models.resolve_model``: an alias, a .gguf file, a cached or reachable hub id)."""
     path = Path(model).expanduser()
-    if path.exists():
-        if not path.is_dir():
-            raise _error(f"--model {model}: not a folder (expected a Hugging Face model folder)")
+    if path.is_dir():
         if not (path / "config.json").is_file():
             raise _error(f"--model {model}: no config.json in this folder (not a Hugging Face model folder)")
         if not os.access(path / "config.json", os.R_OK):
             raise _error(f"--model {model}: config.json is not readable")
         return
-    looks_local = model.startswith((".", "/", "~")) or model.count("/") > 1 or os.sep + os.sep in model
-    if looks_local:
-        raise _error(f"--model {model}: model folder not found")
-    from transformers import AutoConfig
+    from searchr1.errors import ModelNotFoundError
+    from searchr1.models import resolve_model
 
     try:
-        AutoConfig.from_pretrained(model)
-    except Exception as exc:  # any failure means: cannot be loaded
-        raise _error(
-            f"--model {model}: not a local folder and not loadable as a hub id ({type(exc).__name__})"
-        ) from None
+        resolve_model(model)
+    except (ModelNotFoundError, OSError, ValueError) as exc:
+        raise _error(f"--model {model}: {str(exc).splitlines()[0]}") from None
 
 
 def check_readable_file(path: str, what: str) -> Path:
@@ -198,7 +245,7 @@ def load_samples(path: Path, limit: int | None) -> list[Any]:
     try:
         samples = list(_load(path, split="test", limit=limit))
     except (ValueError, KeyError, OSError) as exc:
-        raise _error(f"--data {path}: {exc}") from None
+        raise _error(f"--data {path}: {str(exc).splitlines()[0]}") from None
     if not samples:
         raise _error(f"--data {path}: no questions in this file")
     return samples
@@ -281,74 +328,134 @@ def _load_policy(args: argparse.Namespace) -> tuple[Any, Any]:
 # ---------------------------------------------------------------------------------------------
 
 
-def _default_out(model: str, mode: str) -> Path:
+def _default_out(model: str) -> Path:
     name = Path(model.rstrip("/")).name or "model"
-    return Path("runs") / "eval" / f"{name}-{mode}"
+    return Path("runs") / "eval" / name
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from searchr1.evaluation import EvaluationError, SingleTurnEngine, evaluate, format_table
-
+    if args.compare:
+        return _compare(args)
+    modes = parse_modes(args.mode)
+    if not args.model:
+        raise _error("eval needs --model (or --compare A B)")
+    if not args.data:
+        raise _error("eval needs at least one --data FILE")
+    for flag in ("batch_size", "answer_tokens"):
+        if getattr(args, flag) < 1:
+            raise _error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     check_model(args.model)
     data_paths = [check_readable_file(d, "--data") for d in args.data]
     _check_search_args(args)
     cfg = _config(args)
-    if args.mode in ("agent", "rag") and not _has_search(args, cfg):
+    searching = [m.name for m in modes if m.search != "none"]
+    if searching and not _has_search(args, cfg):
         raise _error(
-            f"--mode {args.mode} needs a search backend: --index DIR, --search-url URL or --corpus FILE"
+            f"--mode {','.join(searching)} needs a search backend: --index DIR, --search-url URL or --corpus FILE"
         )
-    if args.batch_size < 1:
-        raise _error("--batch-size must be >= 1")
     samples = [s for p in data_paths for s in load_samples(p, args.limit)]
-    out = Path(args.out) if args.out else _default_out(args.model, args.mode)
-
-    retriever = _open_retriever(cfg) if args.mode in ("agent", "rag") else None
-    model, tokenizer = _load_policy(args)
-    if args.mode == "agent":
-        from searchr1.rollout.engine import build_engine
-
-        engine = build_engine(cfg, model, tokenizer, retriever)
-    else:
-        engine = SingleTurnEngine(model, tokenizer, max_new_tokens=cfg.rollout.max_turn_tokens)
-
-    def progress(p: Any) -> None:
-        print(f"\r[eval] {p.done}/{p.total} questions", end="", file=sys.stderr, flush=True)
-
+    out = Path(args.out) if args.out else _default_out(args.model)
     settings = {
         "model": args.model,
         "data": [str(p) for p in data_paths],
+        "limit": args.limit,
         "max_turns": cfg.rollout.max_turns,
         "max_turn_tokens": cfg.rollout.max_turn_tokens,
     }
+
+    def reply_tokens(mode: Mode) -> int | None:
+        if mode.search == "agent":
+            return None
+        return cfg.rollout.max_turn_tokens if mode.name == "cot" else args.answer_tokens
+
+    views = [sample_view(s, i) for i, s in enumerate(samples)]
+    if not args.no_resume:  # a folder holding another run is refused before the model loads
+        for mode in modes:
+            state = run_state(
+                mode, views, template=cfg.data.template, topk=cfg.retrieval.topk,
+                normalization=args.normalization, reply_tokens=reply_tokens(mode), settings=settings,
+            )  # fmt: skip
+            check_resumable(out / mode.name, state)
+
+    from searchr1.rollout.sampling import SamplingParams  # torch
+
+    monitor = Monitor()
+    retriever = monitor.wrap(_open_retriever(cfg)) if searching else None
+    model, tokenizer = _load_policy(args)
+
+    def engine_for(mode: Mode) -> Any:
+        if mode.search == "agent":
+            from searchr1.rollout.engine import build_engine
+
+            return build_engine(cfg, model, tokenizer, retriever, steer=monitor.steer())
+        from searchr1.rollout.single_turn import SingleTurnEngine
+
+        return SingleTurnEngine(
+            model, tokenizer, reply_tokens(mode), config=cfg.rollout, steer=monitor.steer()
+        )
+
     try:
-        summary = evaluate(
-            engine,
+        results = evaluate_modes(
+            [m.name for m in modes],
+            engine_for,
             samples,
             tokenizer=tokenizer,
-            mode=args.mode,
+            out_dir=out,
+            settings=settings,
+            on_start=lambda mode, done, total: monitor.start(mode.name, done, total),
+            on_batch=monitor.batch,
             retriever=retriever,
             batch_size=args.batch_size,
-            out_dir=out,
             resume=not args.no_resume,
             template=cfg.data.template,
             topk=cfg.retrieval.topk,
-            settings=settings,
-            on_batch=progress,
+            sampling=SamplingParams.greedy_eval(cfg.rollout),
+            normalization=args.normalization,
+            search_timeout_s=cfg.rollout.search_timeout_s,
+            search_retries=cfg.rollout.search_retries,
         )
-    except EvaluationError as exc:
-        raise _error(str(exc)) from None
     finally:
-        print(file=sys.stderr)
-        if hasattr(engine, "close"):
-            engine.close()
         if retriever is not None:
             retriever.close()
+    _print_results(args, results, [m.name for m in modes], out, cfg.data.template)
+    failed = sum(int(results["summaries"][m.name]["overall"]["search_failures"]) for m in modes)
+    if failed and not args.tolerate_search_failures:
+        print(
+            f"error: {failed} search{'es' if failed > 1 else ''} failed (after retries); the results in {out} "
+            "count them as searches without documents. Rerun the same command to retry those questions, or "
+            "pass --tolerate-search-failures to accept them.",
+            file=sys.stderr,
+        )
+        return SEARCH_FAILED_STATUS
+    return 0
+
+
+def _print_results(
+    args: argparse.Namespace, results: dict[str, Any], modes: list[str], out: Path, template: str
+) -> None:
     if args.json:
-        print(json.dumps(summary, indent=2))
-    else:
-        print(f"mode: {args.mode}   model: {args.model}")
-        print(format_table(summary))
-        print(f"\nwrote {out / 'summary.json'} and {out / 'trajectories.jsonl'}")
+        print(json.dumps(results, indent=2))
+        return
+    print(f"model: {args.model}   template: {template}   normalization: {args.normalization}\n")
+    print(format_paper_table(paper_table(results["summaries"], args.metric)))
+    for mode in modes:
+        print(f"\n{MODES[mode].label} ({mode}) per data source:")
+        print(format_summary_table(results["summaries"][mode]))
+    print(
+        "\nvalid = Search-R1's tag format followed; tagged = answer read from an <answer> tag "
+        "(the baselines score the reply itself without one)"
+    )
+    print(f"wrote {out / TABLE_FILE}, {out / RESULTS_FILE} and {out}/<mode>/trajectories.jsonl")
+
+
+def _compare(args: argparse.Namespace) -> int:
+    a_path, b_path = args.compare
+    a, b = load_results(a_path), load_results(b_path)
+    if args.json:
+        tables = {p: paper_table(s, args.metric).__dict__ for p, s in ((a_path, a), (b_path, b))}
+        print(json.dumps({"A": a_path, "B": b_path, "tables": tables}, indent=2))
+        return 0
+    print(compare_tables(a, b, args.metric, names=(a_path, b_path)))
     return 0
 
 
@@ -404,7 +511,7 @@ def _questions(first: str | None):
 
 
 def _ask(args: argparse.Namespace) -> int:
-    from searchr1.inference import Agent
+    from searchr1.evaluation.agent import Agent
 
     check_model(args.model)
     _check_search_args(args)
@@ -441,12 +548,11 @@ def _ask(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from searchr1.evaluation import EvaluationError
     from searchr1.report import ReportError, build_report
 
     try:
         path = build_report(args.run_dir, args.out, max_trajectories=args.max_trajectories)
-    except (ReportError, EvaluationError) as exc:
+    except ReportError as exc:
         raise _error(str(exc)) from None
     print(f"wrote {path}")
     return 0

@@ -37,6 +37,8 @@ NOISY_WARNINGS: tuple[tuple[type[Warning], str], ...] = (
     # transformers 5.x deprecates the `past_key_values` argument that the KV-cached rollout engine
     # passes (searchr1/rollout/kv.py); printed by every command that generates
     (FutureWarning, r"`past_key_values` is deprecated"),
+    # peft asks transformers whether gradient checkpointing is on through the deprecated name
+    (FutureWarning, r"`is_gradient_checkpointing` is deprecated"),
 )
 """Third-party ``warnings`` the command line hides: (category, regex matched at the message's start)."""
 NOISY_LOG_RECORDS: dict[str, tuple[str, ...]] = {
@@ -68,6 +70,9 @@ def quiet_third_party_warnings() -> None:
         warnings.filterwarnings("ignore", message=message, category=category)
     for name, prefixes in NOISY_LOG_RECORDS.items():
         logging.getLogger(name).addFilter(_DropPrefixes(prefixes))
+    # transformers' "Loading weights" bar on every model load (a ~1 s load of a local folder); read by
+    # transformers when it is first imported, so no import here
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
 def build_parser() -> argparse.ArgumentParser:

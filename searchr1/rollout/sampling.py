@@ -6,8 +6,11 @@ logits, never on which other rows share the batch or on when search results arri
 same seed gives the same trajectories, and two engines that schedule rows differently (the
 async KV-cached one and the turn-synchronous reference) sample the very same tokens.
 
-Sampling: ``logits / T`` → top-k → top-p → ``argmax(p_i / E_i)`` with ``E_i ~ Exp(1)`` (the
-exponential race, an exact draw from ``p``). Greedy takes ``argmax(logits)``.
+Sampling: ``logits / T`` → top-k → top-p → inverse-CDF draw: with ``u ~ U[0, 1)`` (one number from the
+row's generator), the first token ``i`` whose cumulative probability ``C_i > u · C_V`` (an exact draw
+from ``p``; zero-probability tokens are never chosen). One uniform per row costs far less than an
+exponential per vocabulary entry (at batch 64 and 49k tokens: 9 ms against 50 ms a step on 2 cores).
+Greedy takes ``argmax(logits)``.
 
 The log-prob stored for a token is ``log_softmax(logits / T)[token]`` — T the sampling
 temperature (1 for greedy decoding) — taken before top-k/top-p and before any steering. This is
@@ -109,7 +112,7 @@ def sample_tokens(
     if params.greedy:
         return logits.argmax(dim=-1)
     probs = torch.softmax(filter_logits(logits, params), dim=-1)
-    noise = torch.empty_like(probs)
-    for i, g in enumerate(generators):
-        noise[i].exponential_(generator=g)
-    return (probs / noise).argmax(dim=-1)
+    uniform = torch.cat([torch.rand(1, generator=g) for g in generators]).to(probs.device)
+    cdf = probs.cumsum(dim=-1)
+    target = (uniform * cdf[:, -1]).unsqueeze(-1)
+    return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)

@@ -489,8 +489,7 @@ def naive_token_logprobs(
     return_entropy: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Reference implementation: full ``[B, T, V]`` logits from ``model(...)``, float32
-    ``log_softmax``, ``gather``. Same alignment and zeros as ``token_logprobs``; used by the tests
-    and as the baseline of ``searchr1 bench update``."""
+    ``log_softmax``, ``gather``. Same alignment and zeros as ``token_logprobs``; the tests' reference."""
     logits = model(
         input_ids=input_ids, use_cache=False, **attention_kwargs(model, attention_mask, position_ids)
     ).logits

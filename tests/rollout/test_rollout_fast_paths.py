@@ -8,7 +8,7 @@ import torch
 
 from searchr1.models import copy_weights, generation_copy
 from searchr1.rollout.attention import ATTENTION_NAME, decode_attention_for
-from searchr1.rollout.kv import GrowingLayer, KVBatch
+from searchr1.rollout.kv import MIN_SHARED_PREFIX, GrowingLayer, KVBatch
 
 
 def _plain_logits(model, ids: list[int]) -> torch.Tensor:
@@ -50,6 +50,29 @@ def test_fresh_slots_fed_the_same_prompt_share_one_computation(tiny):
     assert kv.shared_prompt_tokens == 2 * len(prompt)
     assert torch.allclose(logits[1], _plain_logits(model, [11, 12]), atol=1e-4)
     assert torch.allclose(logits[0], _plain_logits(model, [*prompt, 11, 11, 12]), atol=1e-4)
+
+
+def test_distinct_prompts_with_a_common_prefix_compute_it_once(tiny):
+    model, tok = tiny
+    g = torch.Generator().manual_seed(3)
+    head = torch.randint(5, 60, (MIN_SHARED_PREFIX + 4,), generator=g).tolist()
+    prompts = {0: [*head, 9, 14, 3], 1: [*head, 8], 2: [*head, 9, 14, 3], 3: [*head, 21, 22, 23, 24, 25]}
+    kv = KVBatch(model, n_slots=5, pad_id=tok.pad_token_id)
+    kv.step({4: [1, 2, 3, 4]})  # an older stream: the new prompts get columns after its own
+    logits = kv.step(prompts)
+    # slot 2 repeats slot 0 (all of it shared); slots 1 and 3 share the head with slot 0
+    assert kv.shared_prompt_tokens == len(prompts[2]) + 2 * len(head)
+    for row, slot in enumerate(sorted(prompts)):
+        assert torch.allclose(logits[row], _plain_logits(model, prompts[slot]), atol=1e-4)
+    # decoding on top of [prefix | holes | suffix] columns equals a plain pass over the stream
+    logits = kv.step({0: [11], 1: [12], 3: [13], 4: [5]})
+    for row, (slot, nxt) in enumerate(((0, 11), (1, 12), (3, 13))):
+        assert torch.allclose(logits[row], _plain_logits(model, [*prompts[slot], nxt]), atol=1e-4)
+    assert torch.allclose(logits[3], _plain_logits(model, [1, 2, 3, 4, 5]), atol=1e-4)
+    # a head shorter than MIN_SHARED_PREFIX is computed per prompt
+    kv2 = KVBatch(model, n_slots=2, pad_id=tok.pad_token_id)
+    kv2.step({0: [*head[:3], 7], 1: [*head[:3], 8]})
+    assert kv2.shared_prompt_tokens == 0
 
 
 def test_decode_attention_equals_sdpa_with_holes(tiny):

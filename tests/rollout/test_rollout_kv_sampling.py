@@ -93,6 +93,10 @@ def test_sampler_draws_from_the_distribution_and_is_seeded():
     other = sample_tokens(logits, SamplingParams(), row_generators(6, 4000))
     assert not torch.equal(tokens, other)
     assert sample_tokens(logits[:3], SamplingParams(greedy=True), gens[:3]).tolist() == [0, 0, 0]
+    # tokens without probability (first, middle, last of the vocabulary) are never drawn
+    holes = torch.log(torch.tensor([0.0, 0.5, 0.0, 0.5, 0.0])).repeat(4000, 1)
+    drawn = sample_tokens(holes, SamplingParams(), row_generators(7, 4000))
+    assert set(drawn.tolist()) == {1, 3}
 
 
 def test_sampling_params_checks_and_eval_default():

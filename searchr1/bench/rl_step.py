@@ -1,0 +1,390 @@
+"""``searchr1 bench rl-step``: one whole GRPO step on the real CPU model, the fast path against today's
+default path and against TRL, in one run.
+
+Work (the same for every searchr1 row): SmolLM2-135M-Instruct (``smollm2-135m-instruct``), the
+synthetic world of seed 0 with BM25 over its corpus, 8 training questions x 8 samples (GRPO groups),
+up to 2 search turns, the ``instruct_1shot`` prompt, F1 outcome reward, sampling at temperature 0.5
+(the demo's recipe).
+
+Rows, each in a fresh process (peak memory is the process's), timed on one step after a warm-up step on
+one question's group (``--quick``: one question, 8 trajectories, rows baseline, fast and trl):
+
+* ``baseline``: today's default path: float32, full fine-tuning, a separate pass for the old log-probs
+  and one for the reference (KL loss, coefficient 0.001), transformers' KV cache and SDPA in the rollout,
+  every row computing its prompt, micro-batches of 8 rows (the default).
+* ``fast``: the CPU recipe: LoRA (r 16) on a bfloat16 base where the CPU has bf16 units, bfloat16
+  autocast, old log-probs from the update's own pass (on-policy), the prompt computed once per
+  micro-batch, the fast decoding path (growing cache, shared prompts, matmul decode attention,
+  a bfloat16 generation copy), no KL, micro-batches of 4 rows (faster on 2 cores than 8 or 16, and
+  the peak memory of the 64-trajectory step drops from ~9 GB at 16 rows to ~4 GB).
+* ``fast+kl``: ``fast`` with the baseline's KL loss (the reference is the adapter switched off).
+* ``fast-full``: ``fast`` with full fine-tuning (float32 master weights, bfloat16 autocast).
+* ``trl``: TRL's ``GRPOTrainer`` on the same model, prompts, group size and LoRA, no KL, bfloat16 where
+  the CPU has it. TRL's tool loop speaks the chat template's JSON tool calls, not Search-R1's
+  ``<search>`` tags, so this row is single-turn: each completion is forced to the searchr1 rows'
+  mean response length (generated + retrieved tokens, ``min_new_tokens``), which equalises the
+  tokens a step processes.
+
+Per row: the phases' wall time (rollout, old/reference log-probs, update), the tokens of the step,
+tokens per second, the update's executed FLOP/s (decoder positions actually computed x 2 x parameters,
+plus the LM head rows; the backward pass counted as 2 forwards with full fine-tuning and 1 with LoRA)
+as a share of the bfloat16 and float32 matmul peaks measured at the start of the run, and peak resident
+memory. Headline: the fast row's throughput (step tokens per second) over the baseline's.
+Targets (issue): headline >= 8, fast >= 2x TRL, update >= 50% of the matmul peak, generation >= 300
+tokens/s at batch 64, peak memory <= 6 GB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from typing import Any
+
+from searchr1.bench import BenchResult
+
+QUESTIONS, SAMPLES, QUICK_QUESTIONS = 8, 8, 1
+ROWS = ("baseline", "fast", "fast+kl", "fast-full", "trl")
+QUICK_ROWS = ("baseline", "fast", "trl")
+LORA = ["model.lora_r=16", "model.lora_alpha=32"]
+NO_KL = ["algorithm.use_kl_loss=false", "algorithm.kl_coef=0.0"]
+TRL_MICRO = SAMPLES
+FAST_MICRO = ["trainer.micro_batch_size=4"]  # the default is 8; 4 is faster on 2 cores and halves the peak
+KL = ["algorithm.use_kl_loss=true", "algorithm.kl_coef=0.001", "algorithm.kl_estimator=low_var_kl"]
+PATHS: dict[str, list[str]] = {
+    "baseline": [
+        "model.bf16_autocast=false",
+        "rollout.dtype=model",
+        "rollout.fast_decode=false",
+        "trainer.on_policy_logprobs=false",
+        "trainer.share_prompt_prefix=false",
+        *KL,
+    ],
+    "fast": [*LORA, *NO_KL, *FAST_MICRO],
+    "fast+kl": [*LORA, *KL, *FAST_MICRO],
+    "fast-full": [*NO_KL, *FAST_MICRO],
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rows", nargs="+", choices=ROWS, default=None, help="rows to run (default: all)")
+    parser.add_argument(
+        "--questions", type=int, default=None, help=f"questions per step (default {QUESTIONS})"
+    )
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+
+
+def step_overrides(questions: int, samples: int, out_dir: str, seed: int) -> list[str]:
+    return [
+        "model.path=smollm2-135m-instruct",
+        "data.template=instruct_1shot",
+        "retrieval.backend=bm25",
+        "retrieval.topk=1",
+        f"trainer.batch_size={questions}",
+        f"trainer.mini_batch_size={questions}",
+        f"rollout.n={samples}",
+        "rollout.max_turns=2",
+        "rollout.max_turn_tokens=48",
+        "rollout.max_obs_tokens=96",
+        "rollout.max_response_tokens=320",
+        "rollout.temperature=0.5",
+        "rollout.max_batch_rows=64",
+        "reward.components={f1: 1.0}",
+        "algorithm.advantage=grpo",
+        "trainer.total_steps=2",
+        "trainer.actor_lr=1e-5",
+        "trainer.save_every=0",
+        "trainer.val_every=0",
+        "trainer.resume=never",
+        "trainer.log_backends=[jsonl]",
+        "trainer.progress_bar=false",
+        "trainer.plot_at_end=false",
+        "trainer.trajectory_samples=0",
+        f"trainer.out_dir={out_dir}",
+        f"seed={seed}",
+    ]
+
+
+# -- matmul peaks -------------------------------------------------------------------------------------------
+
+
+def matmul_peaks(reps: int = 20) -> dict[str, float]:
+    """GFLOP/s of a 2048 x 576 x 1536 product (the model's MLP shape) in bfloat16 and float32."""
+    import torch
+
+    out = {}
+    for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+        a = torch.randn(2048, 576, dtype=dtype)
+        w = torch.randn(1536, 576, dtype=dtype)
+        for _ in range(3):
+            torch.nn.functional.linear(a, w)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            torch.nn.functional.linear(a, w)
+        out[name] = 2 * 2048 * 576 * 1536 * reps / (time.perf_counter() - t0) / 1e9
+    return out
+
+
+# -- the searchr1 rows ----------------------------------------------------------------------------------------
+
+
+class ComputeCounter:
+    """Decoder positions and LM-head rows actually computed, apart for the update (gradients on) and the
+    log-prob passes (no gradients): wraps the trainer's log-prob functions."""
+
+    def __init__(self) -> None:
+        self.counts = {"update": [0, 0], "logprobs": [0, 0]}
+
+    def install(self) -> None:
+        import torch
+
+        from searchr1.trainer import logprobs
+
+        hidden, head = logprobs.final_hidden_states, logprobs.chunked_head_logprobs
+
+        def phase() -> list[int]:
+            return self.counts["update" if torch.is_grad_enabled() else "logprobs"]
+
+        def counted_hidden(model: Any, input_ids: Any, *args: Any, shared_prefix: int = 0, **kw: Any) -> Any:
+            b, t = input_ids.shape
+            phase()[0] += shared_prefix + b * (t - shared_prefix)
+            return hidden(model, input_ids, *args, shared_prefix=shared_prefix, **kw)
+
+        def counted_head(rows: Any, *args: Any, **kw: Any) -> Any:
+            phase()[1] += int(rows.shape[0])
+            return head(rows, *args, **kw)
+
+        logprobs.final_hidden_states = counted_hidden
+        logprobs.chunked_head_logprobs = counted_head
+
+    def reset(self) -> None:
+        self.counts = {"update": [0, 0], "logprobs": [0, 0]}
+
+
+def run_searchr1_row(name: str, questions: int, seed: int) -> dict[str, Any]:
+    """One warm-up step and one measured step of ``name`` in this process."""
+    import tempfile
+
+    import torch
+
+    from searchr1.config import load_config
+    from searchr1.trainer.loop import RLTrainer
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    counter = ComputeCounter()
+    counter.install()
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = load_config(None, [*step_overrides(questions, SAMPLES, tmp, seed), *PATHS[name]])
+        trainer = RLTrainer(cfg)
+        trainer.setup()
+        first_batch = trainer.sampler.next_batch
+        trainer.sampler.next_batch = lambda: first_batch()[:1]  # type: ignore[method-assign]
+        trainer.train_step()  # warm-up on one question's group: kernels, allocator, the generation copy
+        trainer.sampler.next_batch = first_batch  # type: ignore[method-assign]
+        counter.reset()
+        t0 = time.perf_counter()
+        metrics = trainer.train_step()
+        step_s = time.perf_counter() - t0
+        trajs = trainer._last_trajs
+        model = trainer.policy.get_base_model() if trainer.lora else trainer.policy
+        decoder_params = sum(
+            p.numel() for n, p in model.named_parameters() if "embed_tokens" not in n and "lora_" not in n
+        )
+        vocab, hidden = model.get_output_embeddings().weight.shape
+    prompt_tokens = sum(len(t.prompt_ids) for t in trajs)
+    response_tokens = sum(len(t.response_ids) for t in trajs)
+    generated = sum(t.num_generated for t in trajs)
+    positions, head_rows = counter.counts["update"]
+    backward = 1 if cfg.model.lora_r > 0 else 2  # LoRA: no weight gradients of the base
+    update_flops = (1 + backward) * 2 * (decoder_params * positions + vocab * hidden * head_rows)
+    return {
+        "row": name,
+        "trajectories": len(trajs),
+        "step_s": step_s,
+        "rollout_s": metrics["timing/rollout"],
+        "logprobs_s": metrics["timing/logprobs"],
+        "update_s": metrics["timing/update"],
+        "tokens": prompt_tokens + response_tokens,
+        "response_tokens": response_tokens,
+        "generated_tokens": generated,
+        "gen_tok_per_s": generated / metrics["timing/rollout"],
+        "step_tok_per_s": (prompt_tokens + response_tokens) / step_s,
+        "update_positions": positions,
+        "logprob_positions": counter.counts["logprobs"][0],
+        "update_gflops": update_flops / metrics["timing/update"] / 1e9,
+        "searches": metrics.get("rollout/searches", float("nan")),
+        "reward": metrics.get("reward/mean", float("nan")),
+        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,
+    }
+
+
+# -- TRL ---------------------------------------------------------------------------------------------------
+
+
+def run_trl_row(questions: int, seed: int, completion_tokens: int) -> dict[str, Any]:
+    """TRL's GRPOTrainer: one warm-up step and one measured step, single turn, forced completion length."""
+    import tempfile
+
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from searchr1.data.prompts import prompt_messages
+    from searchr1.data.synth import SynthConfig, generate_world
+    from searchr1.models import load_model, load_tokenizer
+    from searchr1.precision import fast_bf16
+    from searchr1.rewards.text import extract_answer, f1_score
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    world = generate_world(SynthConfig(seed=seed))
+    rows = world.splits["train"][:questions]
+    data = Dataset.from_list(
+        [
+            {"prompt": prompt_messages(r["question"], "instruct_1shot"), "gold": r["golden_answers"]}
+            for r in rows
+        ]
+    )
+
+    def f1_reward(completions: list, gold: list, **_: Any) -> list[float]:
+        texts = [c[-1]["content"] if isinstance(c, list) else str(c) for c in completions]
+        return [f1_score(extract_answer(t) or t, g) for t, g in zip(texts, gold, strict=True)]
+
+    times: list[float] = []
+
+    class StepTimer(TrainerCallback):
+        def on_step_begin(self, *args: Any, **kw: Any) -> None:
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, *args: Any, **kw: Any) -> None:
+            times.append(time.perf_counter() - self.t0)
+
+    tokenizer = load_tokenizer("smollm2-135m-instruct")
+    bf16 = fast_bf16(torch.device("cpu"))
+    with tempfile.TemporaryDirectory() as tmp:
+        args = GRPOConfig(
+            output_dir=tmp,
+            per_device_train_batch_size=TRL_MICRO,  # 64 completions generated at once, trained 8 at a time
+            gradient_accumulation_steps=questions * SAMPLES // TRL_MICRO,
+            num_generations=SAMPLES,
+            max_completion_length=completion_tokens,
+            generation_kwargs={"min_new_tokens": completion_tokens},
+            temperature=0.5,
+            beta=0.0,
+            learning_rate=1e-5,
+            max_steps=2,
+            logging_steps=1,
+            report_to="none",
+            use_cpu=True,
+            bf16=bf16,
+            seed=seed,
+            save_strategy="no",
+            dataloader_num_workers=0,
+        )
+        trainer = GRPOTrainer(
+            model=load_model("smollm2-135m-instruct"),
+            reward_funcs=f1_reward,
+            args=args,
+            train_dataset=data,
+            processing_class=tokenizer,
+            peft_config=LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM"),
+            callbacks=[StepTimer()],
+        )
+        trainer.train()
+    prompt_tokens = (
+        sum(len(tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True)) for r in data)
+        * SAMPLES
+    )
+    tokens = prompt_tokens + questions * SAMPLES * completion_tokens
+    return {
+        "row": "trl",
+        "trajectories": questions * SAMPLES,
+        "step_s": times[-1],
+        "tokens": tokens,
+        "response_tokens": questions * SAMPLES * completion_tokens,
+        "step_tok_per_s": tokens / times[-1],
+        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,
+        "note": f"single turn, {completion_tokens} forced completion tokens",
+    }
+
+
+# -- the harness ---------------------------------------------------------------------------------------------
+
+
+def _child(args: argparse.Namespace) -> None:
+    spec = json.loads(args.child)
+    if spec["row"] == "trl":
+        result = run_trl_row(spec["questions"], spec["seed"], spec["completion_tokens"])
+    else:
+        result = run_searchr1_row(spec["row"], spec["questions"], spec["seed"])
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def _run_child(spec: dict[str, Any]) -> dict[str, Any]:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    cmd = [sys.executable, "-m", "searchr1.cli", "bench", "rl-step", "--child", json.dumps(spec)]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT ") :])
+    raise RuntimeError(f"rl-step row {spec['row']} failed:\n{out.stderr[-3000:]}")
+
+
+def run(args: argparse.Namespace) -> BenchResult:
+    if getattr(args, "child", None):
+        _child(args)
+        raise SystemExit(0)
+    quick = bool(getattr(args, "quick", False))
+    seed = int(getattr(args, "seed", 0))
+    questions = args.questions or (QUICK_QUESTIONS if quick else QUESTIONS)
+    names = list(args.rows or (QUICK_ROWS if quick else ROWS))
+    try:
+        import trl  # noqa: F401
+    except ImportError:
+        if "trl" in names:
+            names.remove("trl")
+            print(
+                "note: TRL is not installed (pip install -e '.[bench]'); its row is skipped", file=sys.stderr
+            )
+    peaks = matmul_peaks()
+    results: dict[str, dict[str, Any]] = {}
+    for name in names:
+        if name == "trl":
+            fast = results.get("fast") or next(iter(results.values()), None)
+            completion = round(fast["response_tokens"] / fast["trajectories"]) if fast else 160
+            spec = {"row": name, "questions": questions, "seed": seed, "completion_tokens": completion}
+        else:
+            spec = {"row": name, "questions": questions, "seed": seed}
+        print(f"rl-step: {name} ...", file=sys.stderr, flush=True)
+        results[name] = _run_child(spec)
+    base = results.get("baseline")
+    rows = []
+    for r in results.values():
+        row = dict(r)
+        if "update_gflops" in r:
+            row["update_%bf16_peak"] = 100 * r["update_gflops"] / peaks["bf16"]
+            row["update_%fp32_peak"] = 100 * r["update_gflops"] / peaks["fp32"]
+        if base:
+            row["speedup_vs_baseline"] = r["step_tok_per_s"] / base["step_tok_per_s"]
+        rows.append(row)
+    fast = results.get("fast")
+    headline = fast["step_tok_per_s"] / base["step_tok_per_s"] if fast and base else float("nan")
+    extra: dict[str, Any] = {"matmul_peak_gflops": peaks}
+    if fast and "trl" in results:
+        extra["fast_over_trl"] = fast["step_tok_per_s"] / results["trl"]["step_tok_per_s"]
+    print(f"matmul peak: bf16 {peaks['bf16']:.0f} GFLOP/s, fp32 {peaks['fp32']:.0f} GFLOP/s", file=sys.stderr)
+    if "fast_over_trl" in extra:
+        print(f"fast / TRL step throughput: {extra['fast_over_trl']:.2f}", file=sys.stderr)
+    return BenchResult(
+        name="rl_step",
+        params={"questions": questions, "samples": SAMPLES, "quick": quick, "seed": seed, "rows": names},
+        rows=rows,
+        headline=headline,
+        headline_label="fast / baseline step tokens per second (target >= 8)",
+        extra=extra,
+    )

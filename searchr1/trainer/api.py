@@ -24,52 +24,9 @@ from typing import Any
 
 import yaml
 
-from searchr1.trainer.config import KNOWN_ALGORITHMS
+from searchr1.algorithms.presets import ALGORITHM_PRESETS, KNOWN_ALGORITHMS, preset_overrides
 
-ALGORITHM_PRESETS: dict[str, dict[str, Any]] = {
-    "ppo": {
-        "algorithm.advantage": "gae",
-        "algorithm.policy_loss": "ppo",
-        "algorithm.use_kl_loss": False,
-        "algorithm.use_kl_in_reward": True,
-        "algorithm.kl_estimator": "kl",
-        "rollout.n": 1,
-    },
-    "grpo": {
-        "algorithm.advantage": "grpo",
-        "algorithm.policy_loss": "ppo",
-        "algorithm.use_kl_loss": True,
-        "algorithm.use_kl_in_reward": False,
-        "algorithm.kl_estimator": "low_var_kl",
-        "rollout.n": 5,
-    },
-    "rloo": {
-        "algorithm.advantage": "rloo",
-        "algorithm.policy_loss": "ppo",
-        "algorithm.use_kl_loss": False,
-        "algorithm.use_kl_in_reward": True,
-        "algorithm.kl_estimator": "kl",
-        "rollout.n": 5,
-    },
-    "reinforce": {
-        "algorithm.advantage": "reinforce",
-        "algorithm.policy_loss": "vanilla",
-        "algorithm.reinforce_baseline": "running_mean",
-        "algorithm.use_kl_loss": True,
-        "algorithm.use_kl_in_reward": False,
-        "rollout.n": 1,
-        "trainer.ppo_epochs": 1,
-    },
-    "reinforce_plus_plus": {
-        "algorithm.advantage": "reinforce_plus_plus",
-        "algorithm.policy_loss": "ppo",
-        "algorithm.use_kl_loss": False,
-        "algorithm.use_kl_in_reward": True,
-        "algorithm.kl_estimator": "kl",
-        "rollout.n": 1,
-    },
-}
-"""What ``rl_algorithm=`` selects (any of it can still be overridden)."""
+__all__ = ["ALGORITHM_PRESETS", "KNOWN_ALGORITHMS", "SearchR1Trainer"]
 
 LOCAL_BACKENDS = ("bm25", "dense", "hybrid", "rerank")
 
@@ -113,12 +70,10 @@ class SearchR1Trainer:
     ) -> None:
         if rl_algorithm is None and config is None:
             rl_algorithm = "grpo"
-        if rl_algorithm is not None and rl_algorithm not in ALGORITHM_PRESETS:
-            raise ValueError(f"rl_algorithm: unknown '{rl_algorithm}'; known: {', '.join(KNOWN_ALGORITHMS)}")
+        # a YAML config decides everything that is not asked for explicitly here
+        items: dict[str, Any] = preset_overrides(rl_algorithm) if rl_algorithm is not None else {}
         self.config_path = _config_path(config)
         self.retriever = None
-        # a YAML config decides everything that is not asked for explicitly here
-        items: dict[str, Any] = dict(ALGORITHM_PRESETS[rl_algorithm]) if rl_algorithm else {}
         if model_name is not None:
             items["model.path"] = model_name
         if isinstance(search_backend, str):

@@ -25,6 +25,9 @@ from typing import Any
 import yaml
 
 from searchr1.algorithms.presets import ALGORITHM_PRESETS, KNOWN_ALGORITHMS, preset_overrides
+from searchr1.config import load_config
+from searchr1.rewards.config import RewardConfig
+from searchr1.trainer.configs import resolve_config_path
 
 __all__ = ["ALGORITHM_PRESETS", "KNOWN_ALGORITHMS", "SearchR1Trainer"]
 
@@ -36,14 +39,6 @@ def _override(key: str, value: Any) -> str:
     if text.endswith("\n..."):
         text = text[: -len("\n...")]
     return f"{key}={text}"
-
-
-def _config_path(config: str | Path | None) -> str | None:
-    if config is None:
-        return None
-    from searchr1.trainer.cli import resolve_config_path
-
-    return resolve_config_path(str(config))
 
 
 class SearchR1Trainer:
@@ -72,7 +67,7 @@ class SearchR1Trainer:
             rl_algorithm = "grpo"
         # a YAML config decides everything that is not asked for explicitly here
         items: dict[str, Any] = preset_overrides(rl_algorithm) if rl_algorithm is not None else {}
-        self.config_path = _config_path(config)
+        self.config_path = resolve_config_path(config)
         self.retriever = None
         if model_name is not None:
             items["model.path"] = model_name
@@ -91,8 +86,6 @@ class SearchR1Trainer:
         if topk is not None:
             items["retrieval.topk"] = topk
         if reward_config is not None:
-            from searchr1.rewards.config import RewardConfig
-
             items["reward.components"] = RewardConfig.from_simple(reward_config).components
         if max_search_turns is not None:
             items["rollout.max_turns"] = max_search_turns
@@ -115,8 +108,6 @@ class SearchR1Trainer:
         self.trainer: Any = None
 
     def _build_config(self, extra: Mapping[str, Any]) -> Any:
-        from searchr1.config import load_config
-
         items = {**self._items, **extra}
         return load_config(self.config_path, [*(_override(k, v) for k, v in items.items()), *self._extra])
 
@@ -129,7 +120,7 @@ class SearchR1Trainer:
     ) -> dict[str, Any]:
         """Train; ``train_data`` is a parquet / jsonl path (or several, or a list of samples); None =
         the embedded synthetic world. Returns the run summary (metrics, checkpoint, plots)."""
-        from searchr1.trainer.loop import RLTrainer
+        from searchr1.trainer.loop import RLTrainer  # torch
 
         extra: dict[str, Any] = {}
         train_samples = val_samples = None
@@ -169,7 +160,7 @@ class SearchR1Trainer:
         """Write the policy as a Hugging Face folder (LoRA merged in) that ``from_pretrained`` loads."""
         if self.trainer is None:
             raise RuntimeError("train() first")
-        from searchr1.trainer.components import save_policy
+        from searchr1.trainer.components import save_policy  # torch
 
         out = Path(folder)
         out.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,12 @@ Advantage estimator (``algorithm.advantage``; ``register_advantage``)::
     tensor); values: critic [B, T] (gae); state: dict kept by the trainer across steps.
     Built-ins: gae, grpo (norm_adv_by_std=false: Dr. GRPO), rloo, reinforce,
     reinforce_plus_plus, reinforce_plus_plus_baseline.
+    What the trainer must know is registered with it (``AdvantageTraits``; ``advantage_traits(name)``):
+    ``register_advantage("gae", needs_critic=True)`` (a critic is built and trained),
+    ``register_advantage("rloo", min_group_size=2)`` (the config requires ``rollout.n >= 2``).
+
+Presets (``presets.py``): ``ALGORITHM_PRESETS`` maps ``SearchR1Trainer(rl_algorithm=...)`` names
+(ppo, grpo, rloo, reinforce, reinforce_plus_plus) to dotted config overrides; ``KNOWN_ALGORITHMS``.
 
 Policy loss (``algorithm.policy_loss``; ``register_policy_loss``)::
 
@@ -68,6 +74,11 @@ _EXPORTS = {
     "get_policy_loss": "registry",
     "get_kl_estimator": "registry",
     "get_loss_agg": "registry",
+    "AdvantageTraits": "registry",
+    "advantage_traits": "registry",
+    # presets (what SearchR1Trainer(rl_algorithm=...) selects)
+    "ALGORITHM_PRESETS": "presets",
+    "KNOWN_ALGORITHMS": "presets",
     # config
     "AlgorithmConfig": "config",
     # aggregation

@@ -22,13 +22,14 @@ Uniform signature (see :mod:`searchr1.algorithms`)::
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from searchr1.algorithms.aggregation import masked_mean, masked_whiten
 from searchr1.algorithms.config import AlgorithmConfig
-from searchr1.algorithms.registry import register_advantage
+from searchr1.algorithms.registry import get_advantage_estimator, register_advantage
 
 GroupIds = Tensor | Sequence[Hashable]
 
@@ -130,7 +131,7 @@ def _need_groups(group_ids: GroupIds | None, name: str, scores: Tensor) -> Tenso
 # ---------------------------------------------------------------------------------------------
 
 
-@register_advantage("gae")
+@register_advantage("gae", needs_critic=True)
 @torch.no_grad()
 def gae(
     rewards: Tensor,
@@ -176,7 +177,17 @@ def gae(
     return advantages, returns
 
 
-@register_advantage("grpo")
+def _grpo_group_size(algorithm: Any) -> int:
+    """grpo divides by the group's std: a group of one has none (Dr. GRPO, without the division, is fine)."""
+    return 2 if getattr(algorithm, "norm_adv_by_std", True) else 1
+
+
+@register_advantage(
+    "grpo",
+    min_group_size=_grpo_group_size,
+    group_size_reason="with algorithm.norm_adv_by_std=true a group of one has no spread; "
+    "or set algorithm.norm_adv_by_std=false",
+)
 @torch.no_grad()
 def grpo(
     rewards: Tensor,
@@ -205,7 +216,7 @@ def grpo(
     return out, out
 
 
-@register_advantage("rloo")
+@register_advantage("rloo", min_group_size=2, group_size_reason="leave-one-out needs a group")
 @torch.no_grad()
 def rloo(
     rewards: Tensor,
@@ -321,8 +332,6 @@ def compute_advantages(
     state: dict | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Run the estimator named by ``config.advantage``."""
-    from searchr1.algorithms.registry import get_advantage_estimator
-
     fn = get_advantage_estimator(config.advantage)
     return fn(rewards, response_mask, config=config, group_ids=group_ids, values=values, state=state)
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from searchr1.algorithms import registry
+
 
 @dataclass
 class AlgorithmConfig:
@@ -82,8 +84,6 @@ class AlgorithmConfig:
 
     def validate(self, root: Any = None) -> None:
         """Check registry names and numeric ranges; errors name the dotted key."""
-        from searchr1.algorithms import registry
-
         registry.ensure_builtins()
         for key, reg in (
             ("advantage", registry.ADVANTAGE_ESTIMATORS),

@@ -23,6 +23,7 @@ from typing import Any
 from searchr1.data.prompts import INFO_OPEN
 from searchr1.evaluation.modes import mode_prompt
 from searchr1.rollout.records import trajectory_record
+from searchr1.rollout.registry import build_engine
 from searchr1.rollout.types import Trajectory
 
 
@@ -190,7 +191,6 @@ class Agent:
     ):
         from searchr1.config import SearchR1Config
         from searchr1.models import load_model, load_tokenizer
-        from searchr1.rollout.engine import build_engine
 
         if isinstance(model, str | Path):
             if device is None:

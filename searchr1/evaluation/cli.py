@@ -26,6 +26,7 @@ from searchr1.evaluation.tables import (
     format_summary_table,
     paper_table,
 )
+from searchr1.rollout.registry import build_engine
 
 SEARCH_FAILED_STATUS = 3
 """Exit status of ``eval`` when a search failed (and failures were not tolerated)."""
@@ -384,14 +385,10 @@ def _eval(args: argparse.Namespace) -> int:
     model, tokenizer = _load_policy(args)
 
     def engine_for(mode: Mode) -> Any:
-        if mode.search == "agent":
-            from searchr1.rollout.engine import build_engine
-
+        if mode.search == "agent":  # rollout.engine: the multi-turn engine the model was trained with
             return build_engine(cfg, model, tokenizer, retriever, steer=monitor.steer())
-        from searchr1.rollout.single_turn import SingleTurnEngine
-
-        return SingleTurnEngine(
-            model, tokenizer, reply_tokens(mode), config=cfg.rollout, steer=monitor.steer()
+        return build_engine(
+            cfg, model, tokenizer, name="single_turn", max_new_tokens=reply_tokens(mode), steer=monitor.steer()
         )
 
     try:

@@ -5,11 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from searchr1.rollout.registry import ENGINES, engine_names
+
 
 @dataclass
 class RolloutConfig:
     engine: str = "hf"
-    """Generation engine: hf (KV-cached, async search) | turn_sync (reference: re-encodes every turn)."""
+    """Generation engine by registry name (``searchr1.rollout.registry``): hf (KV-cached, async search) |
+    turn_sync (reference: re-encodes every turn) | single_turn (one reply, no search) | a registered one."""
     dtype: str = "auto"
     """Generation dtype of the HF engines: auto (bfloat16 where the GPU or CPU has bfloat16 units, else the
     model's) | model | float32 | bfloat16 | float16. Another dtype than the model's, or LoRA, makes the
@@ -60,8 +63,10 @@ class RolloutConfig:
     def validate(self, root: Any) -> None:
         if self.dtype not in ("auto", "model", "float32", "bfloat16", "float16"):
             raise ValueError(f"rollout.dtype: expected auto | model | float32 | bfloat16 | float16, got {self.dtype!r}")
-        if self.engine not in ("hf", "turn_sync"):
-            raise ValueError(f"rollout.engine: expected hf | turn_sync, got {self.engine!r}")
+        if self.engine not in ENGINES:
+            raise ValueError(
+                f"rollout.engine: unknown engine {self.engine!r}; registered: {', '.join(engine_names())}"
+            )
         positive = ("n", "max_turn_tokens", "max_obs_tokens", "max_response_tokens", "max_query_chars")
         for name in (*positive, "search_workers", "max_batch_rows"):
             if getattr(self, name) < 1:

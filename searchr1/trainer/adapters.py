@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from searchr1.rollout.registry import build_engine
 from searchr1.trainer.logprobs import token_logprobs
 
 # ----------------------------------------------------------------------------------------------
@@ -210,9 +211,7 @@ def vocab_kl_matrix(
 
 
 def make_engine(cfg: Any, model: nn.Module, tokenizer: Any, retriever: Any) -> Any:
-    """The rollout engine named by ``rollout.engine`` (``searchr1.rollout.engine.build_engine``)."""
-    from searchr1.rollout.engine import build_engine
-
+    """The rollout engine named by ``rollout.engine`` (``searchr1.rollout.registry``)."""
     return build_engine(cfg, model, tokenizer, retriever)
 
 

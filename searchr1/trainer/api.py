@@ -24,52 +24,12 @@ from typing import Any
 
 import yaml
 
-from searchr1.trainer.config import KNOWN_ALGORITHMS
+from searchr1.algorithms.presets import ALGORITHM_PRESETS, KNOWN_ALGORITHMS, preset_overrides
+from searchr1.config import load_config
+from searchr1.rewards.config import RewardConfig
+from searchr1.trainer.configs import resolve_config_path
 
-ALGORITHM_PRESETS: dict[str, dict[str, Any]] = {
-    "ppo": {
-        "algorithm.advantage": "gae",
-        "algorithm.policy_loss": "ppo",
-        "algorithm.use_kl_loss": False,
-        "algorithm.use_kl_in_reward": True,
-        "algorithm.kl_estimator": "kl",
-        "rollout.n": 1,
-    },
-    "grpo": {
-        "algorithm.advantage": "grpo",
-        "algorithm.policy_loss": "ppo",
-        "algorithm.use_kl_loss": True,
-        "algorithm.use_kl_in_reward": False,
-        "algorithm.kl_estimator": "low_var_kl",
-        "rollout.n": 5,
-    },
-    "rloo": {
-        "algorithm.advantage": "rloo",
-        "algorithm.policy_loss": "ppo",
-        "algorithm.use_kl_loss": False,
-        "algorithm.use_kl_in_reward": True,
-        "algorithm.kl_estimator": "kl",
-        "rollout.n": 5,
-    },
-    "reinforce": {
-        "algorithm.advantage": "reinforce",
-        "algorithm.policy_loss": "vanilla",
-        "algorithm.reinforce_baseline": "running_mean",
-        "algorithm.use_kl_loss": True,
-        "algorithm.use_kl_in_reward": False,
-        "rollout.n": 1,
-        "trainer.ppo_epochs": 1,
-    },
-    "reinforce_plus_plus": {
-        "algorithm.advantage": "reinforce_plus_plus",
-        "algorithm.policy_loss": "ppo",
-        "algorithm.use_kl_loss": False,
-        "algorithm.use_kl_in_reward": True,
-        "algorithm.kl_estimator": "kl",
-        "rollout.n": 1,
-    },
-}
-"""What ``rl_algorithm=`` selects (any of it can still be overridden)."""
+__all__ = ["ALGORITHM_PRESETS", "KNOWN_ALGORITHMS", "SearchR1Trainer"]
 
 LOCAL_BACKENDS = ("bm25", "dense", "hybrid", "rerank")
 
@@ -79,14 +39,6 @@ def _override(key: str, value: Any) -> str:
     if text.endswith("\n..."):
         text = text[: -len("\n...")]
     return f"{key}={text}"
-
-
-def _config_path(config: str | Path | None) -> str | None:
-    if config is None:
-        return None
-    from searchr1.trainer.cli import resolve_config_path
-
-    return resolve_config_path(str(config))
 
 
 class SearchR1Trainer:
@@ -113,12 +65,10 @@ class SearchR1Trainer:
     ) -> None:
         if rl_algorithm is None and config is None:
             rl_algorithm = "grpo"
-        if rl_algorithm is not None and rl_algorithm not in ALGORITHM_PRESETS:
-            raise ValueError(f"rl_algorithm: unknown '{rl_algorithm}'; known: {', '.join(KNOWN_ALGORITHMS)}")
-        self.config_path = _config_path(config)
-        self.retriever = None
         # a YAML config decides everything that is not asked for explicitly here
-        items: dict[str, Any] = dict(ALGORITHM_PRESETS[rl_algorithm]) if rl_algorithm else {}
+        items: dict[str, Any] = preset_overrides(rl_algorithm) if rl_algorithm is not None else {}
+        self.config_path = resolve_config_path(config)
+        self.retriever = None
         if model_name is not None:
             items["model.path"] = model_name
         if isinstance(search_backend, str):
@@ -136,8 +86,6 @@ class SearchR1Trainer:
         if topk is not None:
             items["retrieval.topk"] = topk
         if reward_config is not None:
-            from searchr1.rewards.config import RewardConfig
-
             items["reward.components"] = RewardConfig.from_simple(reward_config).components
         if max_search_turns is not None:
             items["rollout.max_turns"] = max_search_turns
@@ -160,8 +108,6 @@ class SearchR1Trainer:
         self.trainer: Any = None
 
     def _build_config(self, extra: Mapping[str, Any]) -> Any:
-        from searchr1.config import load_config
-
         items = {**self._items, **extra}
         return load_config(self.config_path, [*(_override(k, v) for k, v in items.items()), *self._extra])
 
@@ -174,7 +120,7 @@ class SearchR1Trainer:
     ) -> dict[str, Any]:
         """Train; ``train_data`` is a parquet / jsonl path (or several, or a list of samples); None =
         the embedded synthetic world. Returns the run summary (metrics, checkpoint, plots)."""
-        from searchr1.trainer.loop import RLTrainer
+        from searchr1.trainer.loop import RLTrainer  # torch
 
         extra: dict[str, Any] = {}
         train_samples = val_samples = None
@@ -214,7 +160,7 @@ class SearchR1Trainer:
         """Write the policy as a Hugging Face folder (LoRA merged in) that ``from_pretrained`` loads."""
         if self.trainer is None:
             raise RuntimeError("train() first")
-        from searchr1.trainer.components import save_policy
+        from searchr1.trainer.components import save_policy  # torch
 
         out = Path(folder)
         out.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
+
+import yaml
+
+from searchr1.config import ConfigError, describe, load_config, to_dict
+from searchr1.errors import UserFacingError
+from searchr1.trainer.configs import resolve_config_path
+from searchr1.trainer.plots import write_plots
+
+__all__ = ["register", "resolve_config_path"]
 
 
 def register(subparsers: Any) -> None:
@@ -36,33 +46,12 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=_main)
 
 
-def resolve_config_path(path: str | None) -> str | None:
-    """A config file path, or the name of a shipped config (``tiny_cpu``, ``grpo_qwen2.5_3b``, ...)."""
-    if path is None:
-        return None
-    from pathlib import Path
-
-    if Path(path).is_file():
-        return path
-    from searchr1.trainer.configs import shipped_config
-
-    found = shipped_config(path)
-    return str(found) if found else path
-
-
 def _main(args: argparse.Namespace) -> int:
-    from searchr1.config import ConfigError, describe, load_config, to_dict
-    from searchr1.errors import UserFacingError
-
     if args.list_keys:
         for key, default, doc in describe():
             print(f"{key} = {default}\n    {doc}")
         return 0
     if args.plot:
-        from pathlib import Path
-
-        from searchr1.trainer.plots import write_plots
-
         if not (Path(args.plot) / "metrics.jsonl").is_file():
             raise UserFacingError(f"{args.plot}: no metrics.jsonl (not a run folder?)")
         for path in write_plots(args.plot):
@@ -73,11 +62,9 @@ def _main(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         raise UserFacingError(str(exc)) from exc
     if args.print_config:
-        import yaml
-
         print(yaml.safe_dump(to_dict(cfg), sort_keys=False))
         return 0
-    from searchr1.trainer.loop import RLTrainer, TrainingStopped
+    from searchr1.trainer.loop import RLTrainer, TrainingStopped  # torch
 
     try:
         trainer = RLTrainer(cfg)

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from searchr1.algorithms.registry import advantage_traits
 from searchr1.models import merged_lora_state_dict
 from searchr1.trainer import adapters
 from searchr1.trainer.distributed import DistInfo, full_state_dict, unwrap
@@ -121,9 +122,9 @@ def build(cfg: Any, injected: dict[str, Any], resume_from: Path | None) -> Built
         if lora and hasattr(model, "enable_input_require_grads"):
             model.enable_input_require_grads()
         model.config.use_cache = False
-    # -- critic (PPO)
+    # -- critic: when the advantage estimator reads values (registered with needs_critic=True: gae)
     critic = None
-    if cfg.algorithm.advantage == "gae":
+    if advantage_traits(cfg.algorithm.advantage).needs_critic:
         source = cfg.model.critic_path or model_path
         if resume_from is not None and (resume_from / "critic").is_dir():
             source = str(resume_from / "critic")

@@ -9,8 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-KNOWN_ALGORITHMS = ("ppo", "grpo", "rloo", "reinforce", "reinforce_plus_plus")
-"""Names accepted by the Python API's ``rl_algorithm`` (each maps to an advantage estimator)."""
+from searchr1.algorithms.presets import KNOWN_ALGORITHMS
+from searchr1.algorithms.registry import advantage_traits
+
+__all__ = ["KNOWN_ALGORITHMS", "ModelConfig", "TrainerConfig"]
 
 
 @dataclass
@@ -165,18 +167,19 @@ class TrainerConfig:
 
 
 def _validate_algorithm(root: Any) -> None:
-    """Cross-section checks of the algorithm against the rollout group size.
+    """Cross-section check of the algorithm against the rollout group size: the estimator's
+    ``min_group_size``, as registered with it (``register_advantage(..., min_group_size=2)``).
 
     (Registry names are checked by the ``algorithm`` section itself.)
     """
     algo = getattr(root, "algorithm", None)
-    if algo is None:
+    rollout = getattr(root, "rollout", None)
+    if algo is None or rollout is None:
         return
-    n = getattr(getattr(root, "rollout", None), "n", 2)
-    if algo.advantage == "grpo" and n == 1 and getattr(algo, "norm_adv_by_std", True):
+    traits = advantage_traits(algo.advantage)
+    need = traits.group_size_needed(algo)
+    if rollout.n < need:
+        why = f" ({traits.group_size_reason})" if traits.group_size_reason else ""
         raise ValueError(
-            "rollout.n=1 with algorithm.advantage=grpo and algorithm.norm_adv_by_std=true: a group of one "
-            "has no spread (set rollout.n >= 2, or algorithm.norm_adv_by_std=false)"
+            f"rollout.n={rollout.n} with algorithm.advantage={algo.advantage}: it needs rollout.n >= {need}{why}"
         )
-    if algo.advantage == "rloo" and n < 2:
-        raise ValueError("rollout.n must be >= 2 for algorithm.advantage=rloo (leave-one-out needs a group)")

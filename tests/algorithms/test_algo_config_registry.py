@@ -84,3 +84,53 @@ def test_package_exports_and_light_config_import():
     # the config section must not import torch (keeps `searchr1 --help` fast)
     code = "import sys, searchr1.algorithms.config; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_what_an_estimator_needs_is_registered_with_it():
+    assert registry.advantage_traits("gae").needs_critic
+    assert not registry.advantage_traits("grpo").needs_critic
+    assert registry.advantage_traits("rloo").group_size_needed(None) == 2
+    # grpo needs a group only when it divides by the group's std
+    assert registry.advantage_traits("grpo").group_size_needed(load_config().algorithm) == 2
+    dr_grpo = load_config(overrides=["algorithm.norm_adv_by_std=false", "rollout.n=1"]).algorithm
+    assert registry.advantage_traits("grpo").group_size_needed(dr_grpo) == 1
+    with pytest.raises(ValueError, match=r"algorithm\.advantage: unknown"):
+        registry.advantage_traits("nope")
+
+
+def test_a_user_estimator_declares_its_group_size_and_critic():
+    @registry.register_advantage("test_triples", min_group_size=3, group_size_reason="it compares three")
+    def triples(rewards, response_mask, *, config=None, group_ids=None, values=None, state=None):
+        return response_mask, response_mask
+
+    try:
+        assert load_config(overrides=["algorithm.advantage=test_triples", "rollout.n=3"]).rollout.n == 3
+        with pytest.raises(ConfigError, match=r"rollout\.n >= 3 \(it compares three\)"):
+            load_config(overrides=["algorithm.advantage=test_triples", "rollout.n=2"])
+        registry.register_advantage("test_triples", override=True, needs_critic=True)(triples)
+        assert registry.advantage_traits("test_triples").needs_critic
+        assert registry.advantage_traits("test_triples").group_size_needed(None) == 1
+    finally:
+        registry.ADVANTAGE_ESTIMATORS.pop("test_triples")
+    with pytest.raises(TypeError):
+        registry.register_advantage("test_typo", needs_critics=True)
+    with pytest.raises(TypeError, match="takes no traits"):
+        registry.register_policy_loss("test_loss", needs_critic=True)
+
+
+def test_presets_are_listed_once_and_load():
+    from searchr1.algorithms.presets import ALGORITHM_PRESETS, KNOWN_ALGORITHMS, preset_overrides
+    from searchr1.trainer import api
+    from searchr1.trainer import config as trainer_config
+
+    assert tuple(ALGORITHM_PRESETS) == KNOWN_ALGORITHMS
+    assert api.KNOWN_ALGORITHMS is KNOWN_ALGORITHMS is trainer_config.KNOWN_ALGORITHMS
+    assert api.ALGORITHM_PRESETS is ALGORITHM_PRESETS
+    for name in KNOWN_ALGORITHMS:
+        items = preset_overrides(name)
+        cfg = load_config(
+            overrides=[f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in items.items()]
+        )
+        assert cfg.algorithm.advantage == items["algorithm.advantage"]
+    with pytest.raises(ValueError, match=r"rl_algorithm: unknown 'dpo'; known: ppo, grpo"):
+        preset_overrides("dpo")

@@ -76,7 +76,7 @@ def world(tmp_path_factory):
 @pytest.fixture
 def force_search(monkeypatch):
     """Every rollout engine the trainer builds searches once per trajectory."""
-    from searchr1.rollout.engine import build_engine
+    from searchr1.rollout.registry import build_engine
     from searchr1.trainer import adapters
 
     def make_engine(cfg, model, tokenizer, retriever):

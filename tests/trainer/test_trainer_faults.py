@@ -54,7 +54,7 @@ def _dead_port() -> int:
 def _steered_trainer(cfg):
     from searchr1.models import load_model, load_tokenizer
     from searchr1.retrieval.factory import build_retriever
-    from searchr1.rollout.engine import build_engine
+    from searchr1.rollout.registry import build_engine
 
     tokenizer = load_tokenizer(cfg.model.path)
     model = load_model(cfg.model.path)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up .venv (idempotent) and runs the demo on the embedded synthetic world.
-#   scripts/demo.sh                      the quick learning demo (seed 0, 20 RL steps; 76 s with the starting model cached, 8.5 min the first time)
-#   scripts/demo.sh --seeds 0 1 2 ...    any arguments go to `searchr1 demo` instead (the full demo)
+#   scripts/demo.sh                      the quick learning demo: SmolLM2-135M-Instruct, seed 0, 8 GRPO steps (~4.5 min on 2 cores)
+#   scripts/demo.sh --seeds 0 1 2 ...    any arguments go to `searchr1 demo` instead (the full demo: 3 seeds, controls)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

@@ -147,17 +147,16 @@ def rl_config(
 
 
 def algorithm_overrides(name: str) -> list[str]:
-    """Config keys selecting an algorithm by its common name."""
-    table = {
-        "grpo": ["algorithm.advantage=grpo"],
-        "ppo": ["algorithm.advantage=gae", "trainer.critic_warmup_steps=0"],
-        "rloo": ["algorithm.advantage=rloo"],
-        "reinforce": ["algorithm.advantage=reinforce"],
-        "reinforce_plus_plus": ["algorithm.advantage=reinforce_plus_plus"],
-    }
-    if name not in table:
-        raise ValueError(f"--algorithm: expected one of {', '.join(table)}, got {name!r}")
-    return table[name]
+    """The advantage estimator of an algorithm's common name (``searchr1.algorithms.presets``); the rest
+    of the demo's recipe stays (a critic, when the estimator needs one, trains from the first step)."""
+    from searchr1.algorithms.presets import ALGORITHM_PRESETS, KNOWN_ALGORITHMS
+    from searchr1.algorithms.registry import advantage_traits
+
+    if name not in ALGORITHM_PRESETS:
+        raise ValueError(f"--algorithm: expected one of {', '.join(KNOWN_ALGORITHMS)}, got {name!r}")
+    advantage = ALGORITHM_PRESETS[name]["algorithm.advantage"]
+    critic = ["trainer.critic_warmup_steps=0"] if advantage_traits(advantage).needs_critic else []
+    return [f"algorithm.advantage={advantage}", *critic]
 
 
 def evaluate_policy(trainer: Any, samples: list[dict], out: Path, template: str, seed: int) -> dict[str, Any]:

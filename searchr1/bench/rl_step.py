@@ -296,10 +296,7 @@ def run_trl_row(questions: int, seed: int, completion_tokens: int) -> dict[str, 
             callbacks=[StepTimer()],
         )
         trainer.train()
-    prompt_tokens = (
-        sum(len(tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True)) for r in data)
-        * SAMPLES
-    )
+    prompt_tokens = trl_prompt_tokens(tokenizer, list(data["prompt"])) * SAMPLES
     tokens = prompt_tokens + questions * SAMPLES * completion_tokens
     return {
         "row": "trl",
@@ -311,6 +308,16 @@ def run_trl_row(questions: int, seed: int, completion_tokens: int) -> dict[str, 
         "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,
         "note": f"single turn, {completion_tokens} forced completion tokens",
     }
+
+
+def trl_prompt_tokens(tokenizer: Any, prompts: list[list[dict[str, str]]]) -> int:
+    """Tokens of the chat-templated prompts (``apply_chat_template`` may return ids or an encoding)."""
+    total = 0
+    for messages in prompts:
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+        total += len(ids)
+    return total
 
 
 # -- the harness ---------------------------------------------------------------------------------------------

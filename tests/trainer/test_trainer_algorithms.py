@@ -82,7 +82,9 @@ def test_ema_reference_with_topk_reverse_kl(world, tiny_model_dir, tmp_path):
     trainer.train()
     rows = rlworld.read_metrics(tmp_path / "run")
     assert all(math.isfinite(r["actor/kl_loss"]) for r in rows)
-    assert rows[1]["actor/kl_loss"] > 0  # the policy has moved away from the reference after a step
+    # the first step's policy is its reference (KL exactly 0); after a step it has moved away. The
+    # top-k estimate (a partial sum over S plus a one-sample tail) may be of either sign in a batch.
+    assert rows[0]["actor/kl_loss"] == 0.0 and rows[1]["actor/kl_loss"] != 0.0
     assert [r.get("actor/ref_ema_updated", 0.0) for r in rows] == [0.0, 1.0, 0.0]
     ref, pol = trainer.reference.state_dict(), trainer.policy.state_dict()
     moved = [k for k in ref if not torch.equal(ref[k], initial[k])]

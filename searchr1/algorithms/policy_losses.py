@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from searchr1.algorithms.aggregation import AggNorms, agg_loss, masked_mean
+from searchr1.algorithms.aggregation import AggNorms, agg_loss, masked_mean, masked_var
 from searchr1.algorithms.config import AlgorithmConfig
 from searchr1.algorithms.registry import get_policy_loss, register_policy_loss
 
@@ -202,7 +202,6 @@ def value_loss(
 
 def explained_variance(values: Tensor, returns: Tensor, response_mask: Tensor) -> Tensor:
     """1 - Var(R - V) / Var(R) over generated tokens (1 = perfect critic, <= 0 = useless)."""
-    from searchr1.algorithms.aggregation import masked_var
 
     var_r = masked_var(returns, response_mask)
     return 1.0 - masked_var(returns - values, response_mask) / var_r.clamp(min=1e-8)

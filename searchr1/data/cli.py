@@ -5,6 +5,18 @@ from __future__ import annotations
 import argparse
 import sys
 
+from searchr1.data.formats import (
+    DataError,
+    LoadStats,
+    load_samples,
+    merge_samples,
+    write_parquet,
+    write_samples,
+)
+from searchr1.data.prompts import load_template
+from searchr1.data.synth import SynthConfig, generate_world, write_world
+from searchr1.errors import UserFacingError
+
 EXAMPLES_SYNTH = """examples:
   searchr1 data synth --out data/world
   searchr1 data synth --out data/big --entities 2000 --num-train 10000 --hop-mix single=0.5,bridge=0.3,comparison=0.2
@@ -112,8 +124,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _parse_mix(text: str) -> dict[str, float]:
-    from searchr1.errors import UserFacingError
-
     mix = {}
     for part in text.split(","):
         name, sep, value = part.partition("=")
@@ -129,10 +139,6 @@ def _parse_mix(text: str) -> dict[str, float]:
 
 
 def _synth(args: argparse.Namespace) -> int:
-    from searchr1.data.formats import load_samples, write_parquet
-    from searchr1.data.synth import SynthConfig, generate_world, write_world
-    from searchr1.errors import UserFacingError
-
     cfg = SynthConfig(
         num_entities=args.entities,
         hop_mix=_parse_mix(args.hop_mix),
@@ -174,10 +180,6 @@ def _report_skipped(stats) -> None:
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from searchr1.data.formats import DataError, LoadStats, load_samples, write_samples
-    from searchr1.data.prompts import load_template
-    from searchr1.errors import UserFacingError
-
     stats = LoadStats()
     try:
         load_template(args.template)
@@ -205,9 +207,6 @@ def _prepare(args: argparse.Namespace) -> int:
 
 
 def _merge(args: argparse.Namespace) -> int:
-    from searchr1.data.formats import DataError, LoadStats, load_samples, merge_samples, write_samples
-    from searchr1.errors import UserFacingError
-
     stats = LoadStats()
     try:
         groups = [load_samples(p, skip_bad=args.skip_bad, stats=stats) for p in args.inputs]

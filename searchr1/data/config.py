@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from searchr1.data.prompts import load_template
+
 
 @dataclass
 class DataConfig:
@@ -17,8 +19,6 @@ class DataConfig:
     list of chat messages or a text file, with a {question} slot."""
 
     def validate(self, root: object) -> None:
-        from searchr1.data.prompts import load_template
-
         try:
             load_template(self.template)
         except ValueError as exc:

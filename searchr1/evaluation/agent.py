@@ -20,8 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from searchr1.config import SearchR1Config
 from searchr1.data.prompts import INFO_OPEN
 from searchr1.evaluation.modes import mode_prompt
+from searchr1.retrieval.base import Retriever
 from searchr1.rollout.records import trajectory_record
 from searchr1.rollout.registry import build_engine
 from searchr1.rollout.types import Trajectory
@@ -143,7 +145,6 @@ class ObservedRetriever:
 
 def open_search_backend(backend: Any, topk: int = 3) -> Any:
     """A ``Retriever`` from a retriever object, a server URL, an index folder or a corpus jsonl."""
-    from searchr1.retrieval.base import Retriever
 
     if backend is None or isinstance(backend, Retriever) or hasattr(backend, "search"):
         return backend
@@ -189,7 +190,6 @@ class Agent:
         engine: str = "hf",
         **engine_kwargs: Any,
     ):
-        from searchr1.config import SearchR1Config
         from searchr1.models import load_model, load_tokenizer
 
         if isinstance(model, str | Path):

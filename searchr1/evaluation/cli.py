@@ -14,7 +14,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from searchr1.errors import UserFacingError
+from searchr1.config import ConfigError, load_config
+from searchr1.data.formats import load_samples as read_samples
+from searchr1.errors import ModelNotFoundError, UserFacingError
+from searchr1.evaluation.agent import Agent
 from searchr1.evaluation.modes import MODES, Mode, parse_modes, sample_view
 from searchr1.evaluation.progress import Monitor
 from searchr1.evaluation.runner import evaluate_modes, run_state
@@ -26,6 +29,8 @@ from searchr1.evaluation.tables import (
     format_summary_table,
     paper_table,
 )
+from searchr1.report import ReportError, build_report
+from searchr1.retrieval.factory import build_retriever
 from searchr1.rollout.registry import build_engine
 
 SEARCH_FAILED_STATUS = 3
@@ -207,7 +212,6 @@ def check_model(model: str) -> None:
         if not os.access(path / "config.json", os.R_OK):
             raise _error(f"--model {model}: config.json is not readable")
         return
-    from searchr1.errors import ModelNotFoundError
     from searchr1.models import resolve_model
 
     try:
@@ -241,10 +245,9 @@ def check_index(path: str) -> None:
 
 def load_samples(path: Path, limit: int | None) -> list[Any]:
     """Samples of a FlashRAG jsonl / Search-R1 parquet file (the data package names file and line)."""
-    from searchr1.data.formats import load_samples as _load
 
     try:
-        samples = list(_load(path, split="test", limit=limit))
+        samples = list(read_samples(path, split="test", limit=limit))
     except (ValueError, KeyError, OSError) as exc:
         raise _error(f"--data {path}: {str(exc).splitlines()[0]}") from None
     if not samples:
@@ -254,7 +257,6 @@ def load_samples(path: Path, limit: int | None) -> list[Any]:
 
 def _config(args: argparse.Namespace) -> Any:
     """The config tree with the command-line flags applied as overrides."""
-    from searchr1.config import ConfigError, load_config
 
     overrides = list(args.set)
     if args.index:
@@ -301,8 +303,6 @@ def _check_search_args(args: argparse.Namespace) -> None:
 
 
 def _open_retriever(cfg: Any) -> Any:
-    from searchr1.retrieval.factory import build_retriever
-
     try:
         return build_retriever(cfg.retrieval)
     except (ValueError, OSError) as exc:
@@ -508,8 +508,6 @@ def _questions(first: str | None):
 
 
 def _ask(args: argparse.Namespace) -> int:
-    from searchr1.evaluation.agent import Agent
-
     check_model(args.model)
     _check_search_args(args)
     cfg = _config(args)
@@ -545,8 +543,6 @@ def _ask(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from searchr1.report import ReportError, build_report
-
     try:
         path = build_report(args.run_dir, args.out, max_trajectories=args.max_trajectories)
     except ReportError as exc:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from searchr1.data.prompts import (
+    build_prompt,
     format_observation_docs,
     is_chat_template,
     normalize_question,
@@ -174,7 +175,6 @@ def mode_prompt(
     if mode.name == "agent":
         if hasattr(sample, "prompt"):
             return sample.prompt(template, tokenizer)
-        from searchr1.data.prompts import build_prompt
 
         return build_prompt(question, template, tokenizer)
     q = normalize_question(question)

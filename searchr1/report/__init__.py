@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from searchr1.report.html import render_page
 from searchr1.report.loading import ReportError, load_run
 
 REPORT_FILE = "report.html"
@@ -22,7 +23,6 @@ __all__ = ["REPORT_FILE", "ReportError", "build_report"]
 
 def build_report(run_dir: str | Path, out: str | Path | None = None, max_trajectories: int = 1000) -> Path:
     """Write the report of ``run_dir`` to ``out`` (default ``run_dir/report.html``) and return its path."""
-    from searchr1.report.html import render_page
 
     data = load_run(run_dir, max_trajectories=max_trajectories)
     path = Path(out) if out is not None else Path(run_dir) / REPORT_FILE

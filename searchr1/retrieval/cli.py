@@ -6,6 +6,12 @@ import argparse
 import json
 import sys
 
+from searchr1.config import ConfigError, load_config
+from searchr1.errors import UserFacingError
+from searchr1.retrieval.base import SearchError
+from searchr1.retrieval.corpus import CorpusError
+from searchr1.retrieval.factory import build_retriever
+
 EXAMPLES_INDEX = """examples:
   searchr1 index build --retriever bm25 --corpus wiki-18.jsonl --out indexes/wiki-bm25
   searchr1 index build --retriever dense --corpus wiki-18.jsonl --out indexes/wiki-dense --index-type hnsw
@@ -163,9 +169,6 @@ def _add_backend_args(p: argparse.ArgumentParser) -> None:
 
 
 def _retriever_from_args(args: argparse.Namespace):
-    from searchr1.config import ConfigError, load_config
-    from searchr1.errors import UserFacingError
-
     overrides = list(args.set)
     if args.index:
         overrides.append(f"retrieval.index={args.index}")
@@ -193,8 +196,6 @@ def _retriever_from_args(args: argparse.Namespace):
         cfg = load_config(args.config, overrides).retrieval
     except ConfigError as exc:
         raise UserFacingError(str(exc)) from None
-    from searchr1.retrieval.corpus import CorpusError
-    from searchr1.retrieval.factory import build_retriever
 
     try:
         return build_retriever(cfg), cfg
@@ -203,7 +204,6 @@ def _retriever_from_args(args: argparse.Namespace):
 
 
 def _index_build(args: argparse.Namespace) -> int:
-    from searchr1.errors import UserFacingError
     from searchr1.retrieval.index import build_index
 
     none = lambda v: None if v in (None, "none", "None", "") else v  # noqa: E731
@@ -237,9 +237,6 @@ def _index_build(args: argparse.Namespace) -> int:
 
 
 def _search(args: argparse.Namespace) -> int:
-    from searchr1.errors import UserFacingError
-    from searchr1.retrieval.base import SearchError
-
     retriever, cfg = _retriever_from_args(args)
     try:
         results = retriever.search(args.queries, cfg.topk)
@@ -262,7 +259,6 @@ def _search(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from searchr1.errors import UserFacingError
     from searchr1.retrieval.server import ServerLimits, run_server
 
     limits = ServerLimits(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from searchr1.retrieval.base import RETRIEVERS
+
 WEB_BACKENDS = ("serpapi", "google", "serper", "brave", "bing")
 LOCAL_BACKENDS = ("bm25", "dense", "hybrid", "rerank", "http")
 
@@ -74,13 +76,10 @@ class RetrievalConfig:
 
     def validate(self, root: object) -> None:
         known = (*LOCAL_BACKENDS, *WEB_BACKENDS)
-        if self.backend not in known:
-            from searchr1.retrieval.base import RETRIEVERS
-
-            if self.backend not in RETRIEVERS:
-                raise ValueError(
-                    f"retrieval.backend: unknown backend {self.backend!r}; known: {', '.join(known)}"
-                )
+        if self.backend not in known and self.backend not in RETRIEVERS:
+            raise ValueError(
+                f"retrieval.backend: unknown backend {self.backend!r}; known: {', '.join(known)}"
+            )
         if self.topk < 1:
             raise ValueError("retrieval.topk must be >= 1")
         if self.cache_size < 0:

@@ -11,7 +11,10 @@ from __future__ import annotations
 import dataclasses
 
 from searchr1.retrieval.base import RETRIEVERS, Retriever, register_retriever
+from searchr1.retrieval.cache import CachedRetriever
 from searchr1.retrieval.config import WEB_BACKENDS, RetrievalConfig
+from searchr1.retrieval.hybrid import HybridRetriever
+from searchr1.retrieval.rerank import RerankRetriever
 
 
 def build_retriever(cfg: RetrievalConfig) -> Retriever:
@@ -22,8 +25,6 @@ def build_retriever(cfg: RetrievalConfig) -> Retriever:
         )
     retriever = RETRIEVERS[cfg.backend](cfg)
     if cfg.cache_size > 0:
-        from searchr1.retrieval.cache import CachedRetriever
-
         retriever = CachedRetriever(retriever, cfg.cache_size)
     return retriever
 
@@ -66,7 +67,6 @@ def _dense(cfg: RetrievalConfig) -> Retriever:
 
 @register_retriever("hybrid")
 def _hybrid(cfg: RetrievalConfig) -> Retriever:
-    from searchr1.retrieval.hybrid import HybridRetriever
     from searchr1.retrieval.index import load_index
 
     if len(cfg.hybrid_indexes) != 2:
@@ -79,8 +79,6 @@ def _hybrid(cfg: RetrievalConfig) -> Retriever:
 
 @register_retriever("rerank")
 def _rerank(cfg: RetrievalConfig) -> Retriever:
-    from searchr1.retrieval.rerank import RerankRetriever
-
     if not cfg.rerank_model:
         raise ValueError(
             "retrieval.rerank_model is required for backend=rerank (a cross-encoder folder or hub id)"

@@ -17,7 +17,17 @@ from pathlib import Path
 from typing import Any
 
 from searchr1.retrieval.base import Retriever
+from searchr1.retrieval.bm25 import BM25Params, BM25Retriever, build_bm25_model
 from searchr1.retrieval.corpus import file_sha256, read_corpus
+from searchr1.retrieval.dense import (
+    DenseParams,
+    DenseRetriever,
+    Encoder,
+    build_faiss_index,
+    encode_stream,
+    model_label,
+    same_encoder,
+)
 from searchr1.retrieval.docstore import DocStore, DocStoreWriter
 
 MANIFEST = "manifest.json"
@@ -90,21 +100,11 @@ def build_index(
     model_name = None
     try:
         if retriever == "bm25":
-            from searchr1.retrieval.bm25 import BM25Params, BM25Retriever, build_bm25_model
-
             bm25_params = BM25Params(**(bm25 or {}))
             bm25_model = build_bm25_model(writer.passing(reader), bm25_params)
             BM25Retriever(bm25_model, DocStore([]), bm25_params).save(out)
             params: dict[str, Any] = asdict(bm25_params)
         else:
-            from searchr1.retrieval.dense import (
-                DenseParams,
-                DenseRetriever,
-                Encoder,
-                build_faiss_index,
-                encode_stream,
-            )
-
             encoder = Encoder(model, device=device, batch_size=batch_size)
             vectors = encode_stream(encoder, writer.passing(reader), show_progress=show_progress)
             if len(vectors) == 0:
@@ -147,8 +147,6 @@ def check_manifest(
                 f"(sha256 {manifest.corpus_sha256[:12]}…), {corpus} has sha256 {digest[:12]}…; rebuild the index"
             )
     if model is not None:
-        from searchr1.retrieval.dense import model_label, same_encoder
-
         if manifest.retriever != "dense":
             raise IndexLoadError(f"index {folder} is a {manifest.retriever} index; it has no encoder model")
         if not same_encoder(model, manifest.model):
@@ -181,12 +179,8 @@ def load_index(
         )
     try:
         if manifest.retriever == "bm25":
-            from searchr1.retrieval.bm25 import BM25Retriever
-
             return BM25Retriever.load(folder, docs, mmap=mmap)
         if manifest.retriever == "dense":
-            from searchr1.retrieval.dense import DenseRetriever
-
             return DenseRetriever.load(
                 folder, docs, model=model, nprobe=nprobe, ef_search=ef_search, device=device
             )

@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from searchr1.rewards.registry import REWARD_COMPONENTS
+
 # Names accepted by ``RewardConfig.from_simple`` besides the component names themselves.
 SIMPLE_ALIASES = {
     "format_bonus": "format",
@@ -53,8 +55,6 @@ class RewardConfig:
         return cfg
 
     def validate(self, root: Any) -> None:
-        from searchr1.rewards.registry import REWARD_COMPONENTS
-
         if not self.components:
             raise ValueError("reward.components: at least one component is needed")
         for name in self.components:

@@ -18,10 +18,12 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from searchr1.rewards.config import RewardConfig
+from searchr1.data.prompts import INFO_CLOSE, INFO_OPEN
+from searchr1.rewards.embedding import answer_similarity
 from searchr1.rewards.format import FormatResult, check_format
+from searchr1.rewards.judge import JudgeClient
 from searchr1.rewards.text import (
     ANSWER_METRICS,
     answer_from_spans,
@@ -31,6 +33,9 @@ from searchr1.rewards.text import (
     normalizer,
 )
 from searchr1.rewards.text import sub_exact_match as _sub_exact_match
+
+if TYPE_CHECKING:  # the config section imports this module to check component names
+    from searchr1.rewards.config import RewardConfig
 
 
 @dataclass
@@ -71,7 +76,6 @@ class RewardContext:
                 for h in hits:
                     parts.append(h.get("contents") or f"{h.get('title', '')} {h.get('text', '')}")
             return "\n".join(parts)
-        from searchr1.data.prompts import INFO_CLOSE, INFO_OPEN
 
         text = self.full_response or ""
         blocks, pos = [], 0
@@ -195,8 +199,6 @@ class EmbeddingSimilarity(RewardComponent):
     """max over golden answers of cos(e(answer), e(golden)) with the dense encoder; 0 without an answer."""
 
     def score_batch(self, ctxs: list[RewardContext]) -> list[float]:
-        from searchr1.rewards.embedding import answer_similarity
-
         self.failures = []
         return answer_similarity(
             [c.answer for c in ctxs], [c.golden_answers for c in ctxs], self.cfg.embedding_model
@@ -212,8 +214,6 @@ class LLMJudge(RewardComponent):
 
     def __init__(self, cfg: RewardConfig) -> None:
         super().__init__(cfg)
-        from searchr1.rewards.judge import JudgeClient
-
         self.client = JudgeClient.from_config(cfg)
 
     def score_batch(self, ctxs: list[RewardContext]) -> list[float]:

@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from searchr1.models import copy_weights, generation_copy, is_peft_model
+from searchr1.precision import compute_dtype
 from searchr1.retrieval.base import Retriever
 from searchr1.rollout.actions import StopDetector, eos_token_ids
 from searchr1.rollout.attention import decode_attention_for
@@ -73,8 +75,6 @@ class _HFEngineBase(RolloutEngine):
     def _generation_model(self, model: Any) -> Any:
         """``model`` itself, or a frozen copy of it in the generation dtype (``rollout.dtype``) with any
         LoRA adapter merged in, when the dtype differs or LoRA is on (sharded models are shared)."""
-        from searchr1.models import generation_copy, is_peft_model
-        from searchr1.precision import compute_dtype
 
         params = list(model.parameters())
         if any(type(p).__name__ == "DTensor" for p in params):
@@ -105,7 +105,6 @@ class _HFEngineBase(RolloutEngine):
     def update_weights(self, state_dict: Mapping[str, Any] | None = None) -> None:
         """Generate with the policy's current weights: refresh the generation copy from the policy (a
         no-op when the policy itself generates), or load ``state_dict`` (from a separate trainer copy)."""
-        from searchr1.models import copy_weights
 
         if state_dict is not None:
             self.model.load_state_dict(dict(state_dict), strict=False)

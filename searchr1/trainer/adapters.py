@@ -12,8 +12,24 @@ from typing import Any
 import torch
 from torch import nn
 
+from searchr1.algorithms.kl import kl_loss_matrix, kl_penalty
+from searchr1.data.formats import load_samples as read_samples
+from searchr1.data.prompts import build_prompt
+from searchr1.data.synth import SynthConfig, generate_world, write_world
+from searchr1.rewards.composite import build_reward as build_composite_reward
+from searchr1.rewards.text import answer_from_spans, exact_match, f1_score
 from searchr1.rollout.registry import build_engine
-from searchr1.trainer.logprobs import token_logprobs
+from searchr1.rollout.sampling import SamplingParams
+from searchr1.trainer.critic import ValueModel
+from searchr1.trainer.logprobs import (
+    attention_kwargs,
+    chunked_head_logprobs,
+    decoder_of,
+    final_hidden_states,
+    lm_head_function,
+    token_logprobs,
+    valid_target_mask,
+)
 
 # ----------------------------------------------------------------------------------------------
 # Models: the forward passes the update needs, as modules (so DDP / FSDP hooks see the call).
@@ -74,7 +90,6 @@ class PolicyLogprobs(nn.Module):
         """Last normed hidden states ``[B, T, H]``. Under FSDP2 the causal LM's own forward runs (so
         its hooks gather the parameters) with ``logits_to_keep=1`` and a hook catches the decoder's
         output; otherwise the decoder runs alone."""
-        from searchr1.trainer.logprobs import attention_kwargs, decoder_of, final_hidden_states
 
         if not self._sharded():
             return final_hidden_states(self.model, input_ids, attention_mask, position_ids)
@@ -105,7 +120,6 @@ class PolicyLogprobs(nn.Module):
         target_mask: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(hidden rows ``[N, H]`` predicting the N valid targets, the targets ``[N]``, valid ``[B, T]``)."""
-        from searchr1.trainer.logprobs import valid_target_mask
 
         hidden = self._final_hidden(input_ids, attention_mask, position_ids)
         valid = valid_target_mask(input_ids, attention_mask, position_ids)
@@ -123,7 +137,6 @@ class PolicyLogprobs(nn.Module):
         return_entropy: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``token_logprobs`` for a sharded model (same chunked LM head, entered through the root)."""
-        from searchr1.trainer.logprobs import chunked_head_logprobs, lm_head_function
 
         rows, targets, valid = self._head_inputs(input_ids, attention_mask, position_ids, target_mask)
         head, head_fn = lm_head_function(self.model)
@@ -144,7 +157,6 @@ class PolicyLogprobs(nn.Module):
         """(logprobs [B, T], entropy [B, T], logits [N, V] float32 at the N valid target positions,
         valid [B, T]) - for a KL over the vocabulary (``algorithm.kl_loss_type=full_*``). Holds the
         ``[N, V]`` logits of the trained tokens of one micro-batch: keep micro-batches small."""
-        from searchr1.trainer.logprobs import lm_head_function
 
         rows, targets, valid = self._head_inputs(input_ids, attention_mask, position_ids, target_mask)
         head, head_fn = lm_head_function(self.model)
@@ -163,7 +175,6 @@ def _scatter(valid: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
 def build_value_model(path: Any, dtype: str = "float32") -> nn.Module:
     """The PPO critic: a value head on a causal LM's decoder (``searchr1.trainer.critic``);
     ``values[b, t]`` is the value of the state before token ``t`` (aligned with the log-probs)."""
-    from searchr1.trainer.critic import ValueModel
 
     return ValueModel.from_pretrained(str(path), dtype=dtype)
 
@@ -174,7 +185,6 @@ def build_value_model(path: Any, dtype: str = "float32") -> nn.Module:
 
 def token_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
     """Per-token KL estimate ``[B, T]`` (``algorithm.kl_estimator``) from the algorithms registry."""
-    from searchr1.algorithms.kl import kl_penalty
 
     return kl_penalty(logprobs, ref_logprobs, estimator)
 
@@ -191,7 +201,6 @@ def vocab_kl_matrix(
 ) -> torch.Tensor:
     """``[B, T]`` KL over the vocabulary (full or top-k, ``algorithm.kl_loss_type``) at the valid
     positions, from the ``[N, V]`` logits of policy and reference there."""
-    from searchr1.algorithms.kl import kl_loss_matrix
 
     tokens = input_ids[valid]
     kl_rows = kl_loss_matrix(
@@ -216,8 +225,6 @@ def make_engine(cfg: Any, model: nn.Module, tokenizer: Any, retriever: Any) -> A
 
 
 def sampling_params(rollout_cfg: Any, greedy: bool = False) -> Any:
-    from searchr1.rollout.sampling import SamplingParams
-
     return SamplingParams.greedy_eval(rollout_cfg) if greedy else SamplingParams.from_config(rollout_cfg)
 
 
@@ -232,9 +239,7 @@ def generate(
 
 
 def build_reward(reward_cfg: Any) -> Any:
-    from searchr1.rewards.composite import build_reward as _build
-
-    return _build(reward_cfg)
+    return build_composite_reward(reward_cfg)
 
 
 def score(reward_fn: Any, trajectories: Sequence[Any], decode: Any) -> list[Any]:
@@ -248,7 +253,6 @@ def answer_metrics(response: str | Sequence[str], golden_answers: Sequence[str])
     """EM and F1 of the model's answer (the evaluation's metrics and normalisation). ``response``:
     the trajectory's generated spans (``traj.generated_spans(decode)``: a tag pair never straddles
     an observation), or its generated text as one string (``traj.generated_text_only(decode)``)."""
-    from searchr1.rewards.text import answer_from_spans, exact_match, f1_score
 
     spans = [response] if isinstance(response, str) else list(response)
     answer = answer_from_spans(spans)
@@ -264,11 +268,10 @@ def answer_metrics(response: str | Sequence[str], golden_answers: Sequence[str])
 
 def load_samples(paths: Sequence[str]) -> list[Any]:
     """``Sample(id, question, golden_answers, data_source, ...)`` rows of jsonl / parquet files."""
-    from searchr1.data.formats import load_samples as _load
 
     rows: list[Any] = []
     for path in paths:
-        rows.extend(_load(path))
+        rows.extend(read_samples(path))
     return rows
 
 
@@ -276,7 +279,6 @@ def prompt_text(sample: Any, template: str, tokenizer: Any) -> str:
     """The prompt the policy continues (stored chat messages of a parquet row, else the template)."""
     if hasattr(sample, "prompt"):
         return sample.prompt(template, tokenizer)
-    from searchr1.data.prompts import build_prompt
 
     return build_prompt(sample_meta(sample, 0)["question"], template, tokenizer)
 
@@ -300,8 +302,6 @@ def sample_meta(sample: Any, index: int) -> dict[str, Any]:
 def synthetic_world(out_dir: Any, seed: int) -> dict[str, Any]:
     """Generate (once) the embedded synthetic world under ``out_dir``; returns its file paths."""
     from pathlib import Path
-
-    from searchr1.data.synth import SynthConfig, generate_world, write_world
 
     out = Path(out_dir)
     marker = out / ".complete"

@@ -17,7 +17,8 @@ from typing import Any
 import torch
 
 from searchr1.algorithms.registry import advantage_traits
-from searchr1.models import merged_lora_state_dict
+from searchr1.models import load_model, load_tokenizer, merged_lora_state_dict, resolve_model
+from searchr1.retrieval.factory import build_retriever
 from searchr1.trainer import adapters
 from searchr1.trainer.distributed import DistInfo, full_state_dict, unwrap
 
@@ -49,7 +50,6 @@ def resolve_data(cfg: Any, out_dir: Path) -> tuple[list[str], list[str], str | N
 def prepare_files(cfg: Any, world: bool = True, model: bool = True) -> None:
     """Write what every rank then reads (idempotent): the synthetic world when no training files are
     given, and the model's folder when ``model.path`` needs converting (a GGUF file or an alias)."""
-    from searchr1.models import resolve_model
 
     if world:
         resolve_data(cfg, Path(cfg.trainer.out_dir))
@@ -79,11 +79,9 @@ def build(cfg: Any, injected: dict[str, Any], resume_from: Path | None) -> Built
         rcfg = cfg.retrieval
         if corpus and rcfg.index is None and getattr(rcfg, "corpus", None) in (None, ""):
             rcfg = dataclasses.replace(rcfg, corpus=corpus)
-        from searchr1.retrieval.factory import build_retriever
 
         retriever = build_retriever(rcfg)
     # -- tokenizer and policy
-    from searchr1.models import load_model, load_tokenizer
 
     model = injected.get("model")
     tokenizer = injected.get("tokenizer")

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from searchr1.models import DTYPES
 from searchr1.trainer.logprobs import decoder_of, final_hidden_states, valid_target_mask
 
 VALUE_HEAD_FILE = "value_head.safetensors"
@@ -106,8 +107,6 @@ class ValueModel(nn.Module):
     ) -> ValueModel:
         """Load a saved critic, or start one from a causal-LM checkpoint (head freshly initialised)."""
         from transformers import AutoModel
-
-        from searchr1.models import DTYPES
 
         torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
         backbone = AutoModel.from_pretrained(str(path_or_id), dtype=torch_dtype, **kwargs)

@@ -18,6 +18,7 @@ import torch
 
 from searchr1.rollout.types import Role, Trajectory
 from searchr1.trainer.batching import longest_first, plan_buckets
+from searchr1.trainer.distributed import all_gather_objects
 
 PER_TOKEN = (
     "input_ids", "attention_mask", "train_mask", "gen_mask",
@@ -103,7 +104,6 @@ def gather_experience(exp: Experience, info: Any) -> Experience:
     batch, and mini-batches of whole groups, are then the same whatever the world size."""
     if not info.enabled:
         return exp
-    from searchr1.trainer.distributed import all_gather_objects
 
     return concat_experiences(all_gather_objects(exp, info))
 

@@ -30,10 +30,14 @@ from typing import Any
 import torch
 import yaml
 
-from searchr1.algorithms.advantages import compute_advantages
+from searchr1.algorithms.advantages import compute_advantages, scores_to_token_rewards
 from searchr1.algorithms.aggregation import masked_mean
 from searchr1.algorithms.kl import AdaptiveKLController
-from searchr1.trainer import adapters, checkpoint
+from searchr1.algorithms.reference import ema_update_
+from searchr1.config import to_dict
+from searchr1.precision import autocast, fast_bf16, frozen_linears_to_bf16
+from searchr1.rollout.records import trajectory_record
+from searchr1.trainer import adapters, checkpoint, components
 from searchr1.trainer.distributed import (
     DistInfo,
     all_gather_objects,
@@ -47,7 +51,8 @@ from searchr1.trainer.distributed import (
     unwrap,
     wrap_model,
 )
-from searchr1.trainer.experience import Experience, build_experience, gather_experience
+from searchr1.trainer.experience import Experience, build_experience, gather_experience, micro_batches
+from searchr1.trainer.plots import write_plots
 from searchr1.trainer.schedule import PromptSampler, make_scheduler
 from searchr1.trainer.search_health import SearchAlert, SearchFailureMonitor, first_search_error
 from searchr1.trainer.tracking import MetricsLogger, ProgressBar
@@ -127,7 +132,6 @@ class RLTrainer:
         """Build (or take) every component, then resume from a checkpoint if one is found."""
         if self._setup_done:
             return
-        from searchr1.trainer import components
 
         torch.manual_seed(self.cfg.seed)
         if self.dist.is_main:  # the world and the converted model are written once, by rank 0
@@ -152,11 +156,8 @@ class RLTrainer:
         )
         self.lora = built.lora
         self.base_model_path = built.model_path
-        if self.lora and self.cfg.model.bf16_autocast:
-            from searchr1.precision import fast_bf16, frozen_linears_to_bf16
-
-            if fast_bf16(self.device):
-                frozen_linears_to_bf16(self.policy)
+        if self.lora and self.cfg.model.bf16_autocast and fast_bf16(self.device):
+            frozen_linears_to_bf16(self.policy)
         self.actor = wrap_model(
             adapters.PolicyLogprobs(self.policy, share_prefix=self.tcfg.share_prompt_prefix),
             self.dist,
@@ -255,15 +256,12 @@ class RLTrainer:
         return trajs, groups, time.perf_counter() - t0
 
     def _autocast(self) -> torch.autocast:
-        from searchr1.precision import autocast
-
         return autocast(self.device, self.cfg.model.bf16_autocast)
 
     @torch.no_grad()
     def _per_token(self, module: Any, exp: Experience, kind: str) -> torch.Tensor:
         """Log-probs (``kind='logprobs'``) or values over ``exp`` in micro-batches, ``[B, T]`` on CPU."""
         out = torch.zeros(exp.input_ids.shape, dtype=torch.float32)
-        from searchr1.trainer.experience import micro_batches
 
         for rows in micro_batches(
             list(range(len(exp))), exp.seq_lens, self.tcfg.micro_batch_size, self.tcfg.micro_batch_tokens
@@ -340,8 +338,6 @@ class RLTrainer:
             kl_mat = adapters.token_kl(exp.old_logprobs, exp.ref_logprobs, self.algo.kl_estimator)
             kl_metric = float(masked_mean(kl_mat, exp.train_mask))
             if self.algo.use_kl_in_reward:
-                from searchr1.algorithms.advantages import scores_to_token_rewards
-
                 token_rewards = (
                     scores_to_token_rewards(exp.scores, exp.train_mask)
                     - self._kl_coef() * kl_mat * exp.train_mask
@@ -502,8 +498,6 @@ class RLTrainer:
             and self.algo.ref_policy == "ema"
             and (step + 1) % self.algo.ref_policy_ema_update_period == 0
         ):
-            from searchr1.algorithms.reference import ema_update_
-
             source = unwrap(self.policy)
             if self.dist.enabled and self.tcfg.strategy == "fsdp":  # sharded policy: gather first
                 source = copy.deepcopy(self.reference)
@@ -572,8 +566,6 @@ class RLTrainer:
     def save(self) -> Path | None:
         """Write a checkpoint of the current step (every rank calls: gathers are collective;
         rank 0 writes)."""
-        from searchr1.config import to_dict
-        from searchr1.trainer import components
 
         rng = all_gather_objects(checkpoint.rng_state(), self.dist)
         actor_opt = optimizer_state(self.actor, self.actor_optimizer, self.dist)
@@ -630,7 +622,6 @@ class RLTrainer:
         """Run until ``trainer.total_steps``; returns a summary (last metrics, validation, paths)."""
         self.setup()
         is_main = self.dist.is_main
-        from searchr1.config import to_dict
 
         logger = MetricsLogger(
             self.out_dir,
@@ -733,8 +724,6 @@ class RLTrainer:
         return flag > 0
 
     def _plots(self) -> list[Path]:
-        from searchr1.trainer.plots import write_plots
-
         try:
             return write_plots(self.out_dir)
         except Exception as exc:  # plots never end a run
@@ -748,8 +737,6 @@ class RLTrainer:
         if not k or not getattr(self, "_last_trajs", None):
             return
         import json
-
-        from searchr1.rollout.records import trajectory_record
 
         with (self.out_dir / "trajectories.jsonl").open("a") as fh:
             for traj in self._last_trajs[:k]:

@@ -46,6 +46,10 @@ import time
 from typing import Any
 
 from searchr1.bench import BenchResult
+from searchr1.config import load_config
+from searchr1.data.prompts import prompt_messages
+from searchr1.data.synth import SynthConfig, generate_world
+from searchr1.rewards.text import extract_answer, f1_score
 
 QUESTIONS, SAMPLES, QUICK_QUESTIONS = 8, 8, 1
 ROWS = ("baseline", "fast", "fast+kl", "fast-full", "trl")
@@ -171,7 +175,6 @@ def run_searchr1_row(name: str, questions: int, seed: int) -> dict[str, Any]:
 
     import torch
 
-    from searchr1.config import load_config
     from searchr1.trainer.loop import RLTrainer
 
     torch.set_num_threads(os.cpu_count() or 1)
@@ -235,11 +238,8 @@ def run_trl_row(questions: int, seed: int, completion_tokens: int) -> dict[str, 
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from searchr1.data.prompts import prompt_messages
-    from searchr1.data.synth import SynthConfig, generate_world
     from searchr1.models import load_model, load_tokenizer
     from searchr1.precision import fast_bf16
-    from searchr1.rewards.text import extract_answer, f1_score
 
     torch.set_num_threads(os.cpu_count() or 1)
     world = generate_world(SynthConfig(seed=seed))

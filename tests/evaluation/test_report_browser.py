@@ -71,6 +71,14 @@ def choose(driver, select_id: str, value: str) -> None:
     Select(driver.find_element("id", select_id)).select_by_value(value)
 
 
+def rendered(card, selector: str = ".transcript .seg"):
+    """The card's elements matching ``selector`` once its transcript is drawn: the page renders it on the
+    ``toggle`` event, which the browser fires after the click returns."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(card.parent, 10).until(lambda _: card.find_elements("css selector", selector))
+
+
 def severe(logs):
     return [e for e in logs if e.get("level") == "SEVERE"]
 
@@ -112,7 +120,7 @@ def test_report_in_headless_chromium(browser, tmp_path, tiny_tokenizer):
     choose(browser, "filter-searches", "2")
     card = visible_cards(browser)[0]
     card.find_element("tag name", "summary").click()
-    segs = card.find_elements("css selector", ".transcript .seg")
+    segs = rendered(card)
     roles = [s.get_attribute("class").split()[1] for s in segs]
     assert roles[0] == "prompt" and roles.count("observation") == 2 and "generated" in roles
     styles = {}
@@ -159,5 +167,5 @@ def test_real_training_run_in_chromium(browser, trained_run):
     cards = visible_cards(browser)
     assert 0 < len(cards) < total and {c.get_attribute("data-step") for c in cards} == {"3"}
     cards[0].find_element("tag name", "summary").click()
-    assert cards[0].find_elements("css selector", ".transcript .seg.generated")
+    assert rendered(cards[0], ".transcript .seg.generated")
     assert severe(browser.get_log("browser")) == []

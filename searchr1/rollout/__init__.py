@@ -9,7 +9,7 @@ Reading order (follows the data path):
   kv.py        KVBatch: independent streams sharing one KV cache (holes, compaction)
   hf.py        HFRolloutEngine (KV cache across turns, async search) and TurnSyncRolloutEngine
   single_turn.py  SingleTurnEngine: one reply, no search (the evaluation's baselines)
-  engine.py    RolloutEngine interface, expand_groups, rollout_metrics (its build_engine predates the registry)
+  engine.py    RolloutEngine interface, expand_groups, rollout_metrics
   registry.py  ENGINES: rollout.engine name -> factory (hf, turn_sync, single_turn), build_engine
   steer.py     logits steering hook and the scripted Search-R1-like workload
   types.py     Trajectory, Role

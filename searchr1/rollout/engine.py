@@ -1,6 +1,6 @@
 """The rollout interface the trainer and the evaluation call; engines plug in behind it.
 
-    engine = build_engine(cfg, model, tokenizer, retriever)          # rollout.engine = hf | turn_sync
+    engine = build_engine(cfg, model, tokenizer, retriever)   # searchr1.rollout.registry; rollout.engine names it
     trajs = engine.generate(prompt_ids, metas, sampling=SamplingParams.from_config(cfg.rollout), seed=step)
     val = engine.generate(prompt_ids, metas, sampling=SamplingParams.greedy_eval(cfg.rollout), seed=0)
 
@@ -89,18 +89,6 @@ def rollout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     for reason, count in sorted(reasons.items()):
         metrics[f"rollout/finish_{reason or 'unknown'}_frac"] = count / n
     return metrics
-
-
-def build_engine(cfg: Any, model: Any, tokenizer: Any, retriever: Any, **kwargs: Any) -> RolloutEngine:
-    """The engine named by ``cfg.rollout.engine`` (``cfg`` is the whole ``SearchR1Config``)."""
-    from searchr1.rollout.hf import HFRolloutEngine, TurnSyncRolloutEngine
-
-    engines = {"hf": HFRolloutEngine, "turn_sync": TurnSyncRolloutEngine}
-    name = cfg.rollout.engine
-    if name not in engines:
-        raise ValueError(f"rollout.engine: unknown engine {name!r}; known: {', '.join(engines)}")
-    kwargs.setdefault("topk", cfg.retrieval.topk)
-    return engines[name](model, tokenizer, retriever, cfg.rollout, **kwargs)
 
 
 def __getattr__(name: str) -> Any:

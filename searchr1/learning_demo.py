@@ -258,8 +258,8 @@ def one_run(
 
 def _line(summary: dict[str, Any], samples: list[dict], folder: Path) -> str:
     o = summary["overall"]
-    hops = em_by(samples, folder / "trajectories.jsonl", folder / "trajectories.jsonl", hops_of)
-    parts = ", ".join(f"{k} {v['em_before']:.3f}" for k, v in hops.items())
+    hops = em_per_group(samples, folder / "trajectories.jsonl", hops_of)
+    parts = ", ".join(f"{k} {em:.3f}" for k, em in hops.items())
     return f"EM {o['em']:.3f} ({parts})  searches/question {o['searches']:.2f}  valid format {o['valid_format']:.2f}"
 
 
@@ -286,25 +286,32 @@ def hops_of(sample: dict) -> str:
     return "single-hop" if kind == "single" else "multi-hop"
 
 
-def em_by(
-    samples: list[dict], before: Path, after: Path, label: Callable[[dict], str]
-) -> dict[str, dict[str, Any]]:
-    """EM before and after per group of questions (``label(sample)``), from two evaluations'
-    trajectory files (records carry the sample's ``index``; a question with no record counts as
-    wrong)."""
+def em_per_group(samples: list[dict], path: Path, label: Callable[[dict], str]) -> dict[str, float]:
+    """EM per group of questions (``label(sample)``) from one evaluation's trajectory file (records carry
+    the sample's ``index``; a question with no record counts as wrong)."""
     from collections import Counter
 
     from searchr1.evaluation import aggregate
 
     labels = [label(s) for s in samples]
     questions = Counter(labels)
-    em: dict[str, dict[str, float]] = {}
-    for when, path in (("before", before), ("after", after)):
-        groups = aggregate(_read_jsonl(path), group=lambda rec: labels[rec["index"]])["sources"]
-        em[when] = {key: g["em"] * g["n"] / questions[key] for key, g in groups.items()}
+    groups = aggregate(_read_jsonl(path), group=lambda rec: labels[rec["index"]])["sources"]
+    em = {key: g["em"] * g["n"] / questions[key] for key, g in groups.items()}
+    return {key: em.get(key, 0.0) for key in sorted(questions)}
+
+
+def em_by(
+    samples: list[dict], before: Path, after: Path, label: Callable[[dict], str]
+) -> dict[str, dict[str, Any]]:
+    """EM before and after per group of questions (``label(sample)``), from two evaluations'
+    trajectory files."""
+    from collections import Counter
+
+    questions = Counter(label(s) for s in samples)
+    em_before, em_after = (em_per_group(samples, path, label) for path in (before, after))
     return {
-        key: {"questions": n, "em_before": em["before"].get(key, 0.0), "em_after": em["after"].get(key, 0.0)}
-        for key, n in sorted(questions.items())
+        key: {"questions": questions[key], "em_before": em_before[key], "em_after": em_after[key]}
+        for key in sorted(questions)
     }
 
 

@@ -35,7 +35,8 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 MIN_SHARED_PREFIX = 16
-"""A common prefix of fewer fresh-prompt tokens is recomputed per prompt (one extra forward costs more)."""
+"""A common prefix of fewer fresh-prompt tokens is recomputed per prompt rather than given its own forward
+call (a chosen threshold, not a measured one)."""
 
 
 def model_config(model: Any) -> Any:

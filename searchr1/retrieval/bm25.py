@@ -419,7 +419,8 @@ class BM25Retriever(Retriever):
         return [self._search_one(q, topk) for q in queries]
 
     def top(self, query: str, topk: int) -> tuple[np.ndarray, np.ndarray]:
-        """(rows, float32 scores) of the ``topk`` best documents, by score then row; exact."""
+        """(rows, float32 scores) of the ``topk`` best documents holding a query term (every document
+        for bm25l / bm25+, whose scores are shifted), by score then row; exact."""
         ids = self.term_ids(query)
         if not ids or topk <= 0:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)

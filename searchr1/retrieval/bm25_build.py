@@ -135,7 +135,7 @@ class BM25StreamBuilder:
         self.passages += len(docs)
 
     def finish(
-        self, out: str | Path, memory_mb: int = 1024, progress: Callable[[int], None] | None = None
+        self, out: str | Path, memory_mb: float = 1024, progress: Callable[[int], None] | None = None
     ) -> int:
         """Write the index files into ``out`` (the ``bm25`` folder); returns the passage count.
         ``progress(n)`` is called with the postings placed so far."""
@@ -169,7 +169,7 @@ class BM25StreamBuilder:
         data_out = np.lib.format.open_memmap(out / DATA_FILE, mode="w+", dtype=np.float32, shape=(nnz,))
         idx_out = np.lib.format.open_memmap(out / INDICES_FILE, mode="w+", dtype=np.int32, shape=(nnz,))
         term_max = np.zeros(len(terms), dtype=np.float32)
-        budget = max(1, memory_mb * (1 << 20) // 8)  # postings per range: 4 + 4 bytes each
+        budget = max(1, int(memory_mb * (1 << 20)) // 8)  # postings per range: 4 + 4 bytes each
         t0 = 0
         while t0 < len(terms):
             # the widest range of columns holding at most `budget` postings (at least one column)

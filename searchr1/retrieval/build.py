@@ -65,7 +65,7 @@ class BuildRequest:
     """None: refuse when an unfinished build is in ``out``; True: continue it; False: start again."""
     chunk_passages: int = 50_000
     """Passages per chunk: the unit of memory (one chunk's tokens or vectors) and of checkpoints."""
-    memory_mb: int = 1024
+    memory_mb: float = 1024
     """BM25's column buffers in the final pass (the rest of its memory is the vocabulary)."""
     dense: dict[str, Any] = field(default_factory=dict)
     """Dense index options: nlist, pq_m, hnsw_m, ef_construction, train_size."""

@@ -106,6 +106,10 @@ def new_index(spec: DenseIndexSpec, dim: int, n: int):
     index = faiss.index_factory(dim, spec.factory(dim, n), faiss.METRIC_INNER_PRODUCT)
     if hasattr(index, "hnsw"):
         index.hnsw.efConstruction = spec.ef_construction
+    if spec.kind in IVF_KINDS:
+        ivf = faiss.downcast_index(faiss.extract_index_ivf(index))
+        if hasattr(ivf, "do_polysemous_training"):
+            ivf.do_polysemous_training = False  # Hamming-code ordering for a filter not used here: slow
     return index
 
 

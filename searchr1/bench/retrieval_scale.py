@@ -290,6 +290,13 @@ def rss_gb(pid: int | str = "self") -> tuple[float, float]:
     return fields.get("RssAnon", 0.0) + fields.get("RssShmem", 0.0), fields.get("RssFile", 0.0)
 
 
+def cpu_seconds(pid: int | str = "self") -> float:
+    """User + system CPU seconds a process has used (all its threads): a measure of work that, unlike
+    wall time, other programs on a shared machine do not inflate."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def peak_rss_gb() -> float:
     """This process's peak resident memory (``VmHWM``: since its last exec, unlike ``ru_maxrss``,
     which a child inherits from the process that forked it)."""
@@ -363,6 +370,7 @@ def _probe_dense(task: dict[str, Any]) -> dict[str, Any]:
     for batch in (1, 128):
         n, spent, i = 0, 0.0, 0
         budget = task["max_seconds"] / 4
+        cpu = time.process_time()
         while n < (task["b1_queries"] if batch == 1 else task["b128_queries"]) and spent < budget:
             q = queries[(i * batch) % len(queries) :][:batch]
             t = time.perf_counter()
@@ -371,6 +379,7 @@ def _probe_dense(task: dict[str, Any]) -> dict[str, Any]:
             n += len(q)
             i += 1
         out[f"qps_b{batch}"] = n / spent
+        out[f"cpu_qps_b{batch}"] = n / max(time.process_time() - cpu, 1e-9)
         done += n
     while done < task["total_queries"] and time.perf_counter() < deadline:
         index.search(queries[:128], 3)
@@ -419,16 +428,18 @@ def serve_bm25(index: Path, queries: list[str], threads: int, total: int, log: P
         client = RetrievalClient(f"http://127.0.0.1:{port}", timeout_s=600, retries=0)
         done = 0
         b1 = queries[:500]
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), cpu_seconds(proc.pid)
         for q in b1:
             client.search([q], 3)
         row["qps_b1"] = len(b1) / (time.perf_counter() - t)
+        row["cpu_qps_b1"] = len(b1) / max(cpu_seconds(proc.pid) - cpu, 1e-9)
         done += len(b1)
         batches = [queries[i : i + 128] for i in range(500, min(len(queries), 500 + 40 * 128), 128)]
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), cpu_seconds(proc.pid)
         for b in batches:
             client.search(b, 3)
         row["qps_b128"] = sum(map(len, batches)) / (time.perf_counter() - t)
+        row["cpu_qps_b128"] = sum(map(len, batches)) / max(cpu_seconds(proc.pid) - cpu, 1e-9)
         done += sum(map(len, batches))
         while done < total:
             b = queries[done % len(queries) :][:128]
@@ -443,19 +454,23 @@ def serve_bm25(index: Path, queries: list[str], threads: int, total: int, log: P
     return row
 
 
-def inprocess_bm25(index: Path, queries: list[str]) -> float:
-    """BM25 queries/s at batch 128 in this process (no HTTP): the search alone."""
+def inprocess_bm25(index: Path, queries: list[str]) -> dict[str, float]:
+    """BM25 queries/s at batch 128 in this process (no HTTP): the search alone, per wall and CPU second."""
     from searchr1.retrieval.index import load_index
 
     r = load_index(index)
     r.search(queries[:128], 3)
     batches = [queries[i : i + 128] for i in range(128, min(len(queries), 128 + 20 * 128), 128)]
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), time.process_time()
     for b in batches:
         r.search(b, 3)
-    qps = sum(map(len, batches)) / (time.perf_counter() - t)
+    n = sum(map(len, batches))
+    out = {
+        "qps_b128_inprocess": n / (time.perf_counter() - t),
+        "cpu_qps_b128_inprocess": n / (time.process_time() - cpu),
+    }
     r.close()
-    return qps
+    return out
 
 
 def encoder_rate(threads: int, passages: int) -> dict[str, Any]:
@@ -483,7 +498,8 @@ def encoder_rate(threads: int, passages: int) -> dict[str, Any]:
 WIKI18 = 21_000_000
 """Passages of wiki-18 (21,015,324 in Search-R1's corpus), the size extrapolated to."""
 LINEAR = ("build_peak_rss_gb", "disk_gb", "index_gb", "rss_start", "rss_after", "rss_file_after")
-POWER = ("build_s", "start_s", "qps_b1", "qps_b128", "qps_b128_inprocess")
+POWER = ("build_s", "start_s", "qps_b1", "qps_b128", "qps_b128_inprocess", "cpu_qps_b1", "cpu_qps_b128",
+         "cpu_qps_b128_inprocess")  # fmt: skip
 
 
 def fit_predict(ns: list[float], ys: list[float], at: float, form: str) -> float | None:
@@ -618,7 +634,7 @@ def _bm25_size(n: int, args, workdir: Path, rows: dict, log: Path, seed: int) ->
         queries = gen.queries(docs, args.queries, seed=seed + 1)
         print(f"[{n:,}] bm25: serving", flush=True)
         row.update(serve_bm25(index, queries, args.threads, args.queries, log), serve_threads=args.threads)
-        row["qps_b128_inprocess"] = inprocess_bm25(index, queries)
+        row.update(inprocess_bm25(index, queries))
         _save_rows(workdir, rows)
 
 

@@ -323,6 +323,8 @@ class BM25Retriever(Retriever):
     name = "bm25"
     PROBE_BELOW = 4096
     """Queries whose columns hold fewer postings than this are scored exhaustively (a sort is cheaper)."""
+    SEEDS = 64
+    """Documents of the first column whose full scores set MaxScore's first threshold."""
 
     def __init__(self, matrix: ScoreMatrix, vocab, docs: DocStore, params: BM25Params):
         self.matrix = matrix
@@ -330,7 +332,9 @@ class BM25Retriever(Retriever):
         self.docs = docs
         self.params = params
         self.tokenizer = Tokenizer(params.stemmer, params.stopwords)
-        self._data, self._indices, self._indptr = matrix.data, matrix.indices, matrix.indptr
+        # plain ndarray views of memory maps: slicing a numpy.memmap costs a Python call per slice
+        self._data, self._indices = np.asarray(matrix.data), np.asarray(matrix.indices)
+        self._indptr = np.asarray(matrix.indptr)
         self._num_docs = matrix.num_docs
         self._nonoccurrence = matrix.nonoccurrence
         self._prune = params.method == "lucene"  # every stored score > 0: partial sums only grow
@@ -453,44 +457,64 @@ class BM25Retriever(Retriever):
             acc = self._local.acc = np.zeros(self._num_docs, dtype=np.float64)
         return acc
 
+    def _probe(self, cand: np.ndarray, score: np.ndarray, columns, weights) -> None:
+        """Add to ``score`` (float64, per candidate row) each column's score of the candidates,
+        found by binary search in the column's ascending rows."""
+        for t, w in zip(columns, weights, strict=True):
+            rows, vals = self._column(int(t))
+            if len(rows) == 0 or len(cand) == 0:
+                continue
+            pos = np.minimum(np.searchsorted(rows, cand), len(rows) - 1)
+            hit = rows[pos] == cand
+            score[hit] += vals[pos[hit]].astype(np.float64) * float(w)
+
     def _top_maxscore(self, terms: np.ndarray, weights: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """MaxScore (see the module docstring): scan columns by decreasing bound while a document
-        outside them could still reach the k-th best partial score, then probe the rest."""
+        """MaxScore (see the module docstring). The threshold starts from the full scores of the best
+        documents of the column with the largest bound (found by probing the other columns), so the
+        long low-IDF columns are usually never scanned, only probed for the few candidates left."""
         bound = self.matrix.column_max()[terms].astype(np.float64) * weights
         order = np.argsort(-bound, kind="stable")
-        rest = np.concatenate([np.cumsum(bound[order][::-1])[::-1], [0.0]])  # rest[i] = sum of bounds i..
+        terms, weights, bound = terms[order], weights[order].astype(np.float64), bound[order]
+        rest = np.concatenate([np.cumsum(bound[::-1])[::-1], [0.0]])  # rest[i] = sum of bounds i..
+        # a lower bound on the k-th best score: full scores of the first column's best documents
+        rows0, vals0 = self._column(int(terms[0]))
+        seeds = (
+            np.argpartition(-vals0, self.SEEDS - 1)[: self.SEEDS] if len(rows0) > self.SEEDS else slice(None)
+        )
+        seed_rows = np.asarray(rows0[seeds])
+        seed_score = np.asarray(vals0[seeds], dtype=np.float64) * weights[0]
+        self._probe(seed_rows, seed_score, terms[1:], weights[1:])
+        theta = (
+            float(np.partition(seed_score, len(seed_score) - k)[len(seed_score) - k])
+            if len(seed_score) >= k
+            else 0.0
+        )
         acc = self._accumulator()
         found: list[np.ndarray] = []
-        theta, have = 0.0, 0
         i = 0
         try:
-            while i < len(order):
-                if have >= k and rest[i] * (1 + 1e-9) < theta:
-                    break
-                rows, vals = self._column(int(terms[order[i]]))
-                rows = np.asarray(rows)
+            while i < len(order) and not rest[i] * (1 + 1e-9) < theta:
+                rows, vals = self._column(int(terms[i]))
                 fresh = rows[acc[rows] == 0.0]
-                w = float(weights[order[i]])
-                acc[rows] += vals if w == 1.0 else np.asarray(vals, dtype=np.float64) * w
+                acc[rows] += vals if weights[i] == 1.0 else vals.astype(np.float64) * weights[i]
                 found.append(fresh)
-                have += len(fresh)
                 i += 1
-                if have >= k:
-                    partial = acc[np.concatenate(found)] if len(found) > 1 else acc[found[0]]
-                    theta = float(np.partition(partial, len(partial) - k)[len(partial) - k])
+                if i < len(order) and sum(map(len, found)) >= k:  # partial sums may raise theta further
+                    partial = acc[np.concatenate(found)]
+                    theta = max(theta, float(np.partition(partial, len(partial) - k)[len(partial) - k]))
             cand = np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
             score = acc[cand]
         finally:
             for f in found:
                 acc[f] = 0.0
-        if i < len(order):  # the columns left: only a candidate that can still reach theta is probed
-            keep = score + rest[i] * (1 + 1e-9) >= theta
+        # the columns left, probed one by one for the candidates that can still reach theta (which
+        # rises as their scores fill in, so fewer candidates reach the longer columns that come last)
+        for j in range(i, len(order)):
+            keep = score + rest[j] * (1 + 1e-9) >= theta
             cand, score = cand[keep], score[keep]
-            for j in order[i:]:
-                rows, vals = self._column(int(terms[j]))
-                pos = np.minimum(np.searchsorted(rows, cand), len(rows) - 1)
-                hit = rows[pos] == cand
-                score[hit] += vals[pos[hit]].astype(np.float64) * float(weights[j])
+            self._probe(cand, score, terms[j : j + 1], weights[j : j + 1])
+            if len(score) > k:
+                theta = max(theta, float(np.partition(score, len(score) - k)[len(score) - k]))
         return _best(cand, score.astype(np.float32), k)
 
     def _search_one(self, query: str, topk: int) -> list[Hit]:

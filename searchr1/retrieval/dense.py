@@ -27,7 +27,7 @@ import numpy as np
 
 from searchr1.retrieval.base import Hit, Retriever, SearchError
 from searchr1.retrieval.corpus import Document
-from searchr1.retrieval.dense_build import DenseIndexSpec, build_from_vectors, read_index
+from searchr1.retrieval.dense_build import DenseIndexSpec, build_from_vectors, read_index, tune_faiss
 from searchr1.retrieval.docstore import DocStore
 
 DENSE_DIR = "dense"
@@ -213,6 +213,7 @@ class DenseRetriever(Retriever):
     name = "dense"
 
     def __init__(self, encoder: Encoder, index, docs: DocStore, params: DenseParams):
+        tune_faiss()
         self.encoder = encoder
         self.index = _maybe_to_gpu(index)
         self.docs = docs

@@ -35,6 +35,7 @@ COMMON = ("he", "from", "his", "were", "which", "had", "also", "first", "has", "
           "some", "united", "may", "can", "national", "second", "about", "out", "years", "war", "album",
           "under", "up", "made", "south")  # fmt: skip
 """The most frequent non-stop words of the wiki-18 sample, heads of the content vocabulary."""
+_COMMON_SET = frozenset(COMMON)
 SYLLABLES = (*tuple(c + v for c in "bdfgklmnprstvz" for v in "aeiou"), "qu", "th", "sh", "ch")
 WH = ("who", "what", "when", "where", "which", "how many", "who played", "what year did")
 BLOCK = 8192
@@ -52,7 +53,8 @@ def pseudo_word(rank: int) -> str:
     while k > 0:
         k, r = divmod(k - 1, base)
         out.append(SYLLABLES[r])
-    return "".join(reversed(out))
+    word = "".join(reversed(out))
+    return word + "x" if word in _COMMON_SET else word  # "made", "some", ...: no syllable has an x
 
 
 @dataclass
@@ -560,7 +562,7 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--pq-m", type=int, default=None, help="PQ bytes per vector (default dim / 8)")
     parser.add_argument("--nlist", type=int, default=None, help="IVF cells (default 4 sqrt(n))")
     parser.add_argument("--hnsw-m", type=int, default=32, help="HNSW links per node (default 32)")
-    parser.add_argument("--ef-construction", type=int, default=80, help="HNSW build candidates (default 80)")
+    parser.add_argument("--ef-construction", type=int, default=40, help="HNSW build candidates (default 40)")
     parser.add_argument("--nprobe", type=int, default=32, help="IVF cells visited per query (default 32)")
     parser.add_argument("--ef-search", type=int, default=64, help="HNSW candidates per query (default 64)")
     parser.add_argument(
@@ -571,7 +573,8 @@ def add_arguments(parser: Any) -> None:
         "--reuse", default=None, metavar="DIR",
         help="a --workdir of an earlier run: what it holds (corpora, indexes, build rows) is reused",
     )  # fmt: skip
-    parser.add_argument("--parts", default="build,serve", help="build, serve or both (default build,serve)")
+    parser.add_argument("--parts", default="build,serve",
+                        help="build, serve, both (default), or report (only the rows of --reuse DIR)")  # fmt: skip
     parser.add_argument("--threads", type=int, default=1, help="threads for builds and serving (default 1)")
     parser.add_argument(
         "--queries", type=int, default=10_000, help="queries sent before the last RSS reading"
@@ -769,7 +772,7 @@ def run(args) -> BenchResult:
     seed = int(args.seed)
     t0 = time.perf_counter()
     try:
-        for n in sizes:
+        for n in sizes if {"build", "serve"} & set(args.parts.split(",")) else ():
             if args.bm25 == "on":
                 _bm25_size(n, args, workdir, rows, log, seed)
             for kind, dim, pq_m in dense:

@@ -112,7 +112,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--hnsw-m", type=int, default=32, help="HNSW links per node (default 32)")
     g.add_argument("--ef-construction", type=int, default=80, help="HNSW build candidates (default 80)")
     g.add_argument(
-        "--train-size", type=int, default=None, help="vectors sampled to train IVF / PQ (default 64 nlist)"
+        "--train-size", type=int, default=None, help="vectors sampled to train IVF / PQ (default 40 per centroid)"
     )  # fmt: skip
     g.add_argument("--batch-size", type=int, default=64, help="encoder batch size (default 64)")
     g.add_argument("--device", default=None, help="torch device (default: cuda if available)")

@@ -47,7 +47,8 @@ class DenseIndexSpec:
     ef_construction: int = 80
     """HNSW candidate list while building."""
     train_size: int | None = None
-    """Vectors sampled to train IVF / PQ / OPQ (default: max(64 nlist, 40 x 256) capped at n)."""
+    """Vectors sampled to train IVF / PQ / OPQ (default: 40 per cell and per PQ centroid, capped at n;
+    FAISS asks for at least 39 per centroid)."""
 
     def validate(self, dim: int | None = None) -> None:
         if self.kind not in KINDS:
@@ -94,7 +95,7 @@ class DenseIndexSpec:
     def training_rows(self, n: int) -> int:
         if self.kind not in (*IVF_KINDS, "hnsw-sq8"):
             return 0
-        want = self.train_size or max(64 * self.cells(n), 40 * 256)
+        want = self.train_size or max(40 * self.cells(n), 40 * 256)
         return int(min(n, want))
 
 

@@ -390,9 +390,9 @@ def _probe_dense(task: dict[str, Any]) -> dict[str, Any]:
     recall_q = queries[: task["recall_queries"]]
     exact = np.load(task["exact"]) if task.get("exact") else None
     sweep, chosen = [], None
-    for v in task.get("sweep") or [None]:  # the query-time knob, cheapest first
+    for v in task.get("sweep") or [None]:  # query-time settings, cheapest first
         if v is not None:
-            set_search_params(index, nprobe=v, ef_search=v)
+            set_search_params(index, **v)
         cpu = time.process_time()
         _, ids = index.search(recall_q, 3)
         rate = len(recall_q) / max(time.process_time() - cpu, 1e-9)
@@ -403,7 +403,7 @@ def _probe_dense(task: dict[str, Any]) -> dict[str, Any]:
             break  # the cheapest setting reaching the target (else the last, most thorough one)
     v, ids = chosen
     if v is not None:
-        set_search_params(index, nprobe=v, ef_search=v)
+        set_search_params(index, **v)
     out["ids"], out["setting"], out["sweep"] = ids.tolist(), v, sweep
     deadline = time.perf_counter() + task["max_seconds"]
     done = len(recall_q)
@@ -692,13 +692,16 @@ def _bm25_size(n: int, args, workdir: Path, rows: dict, log: Path, seed: int) ->
         _save_rows(workdir, rows)
 
 
-def _sweep(kind: str, nlist: int) -> list[int] | None:
+def _sweep(kind: str, nlist: int) -> list[dict[str, int]] | None:
     """Query-time settings tried in turn until recall@3 reaches --target-recall (IVF: nprobe up to a
-    quarter of the cells; HNSW: efSearch)."""
+    quarter of the cells; re-scoring: nprobe and candidates per hit; HNSW: efSearch)."""
+    probes = [v for v in (8, 16, 32, 64, 128, 256, 512, 1024) if v <= max(8, nlist // 4)]
+    if kind == "ivfpq-rerank":
+        return [{"nprobe": v, "rerank": r} for v in probes for r in (16, 64) if v >= 16]
     if "ivf" in kind:
-        return [v for v in (8, 16, 32, 64, 128, 256, 512, 1024) if v <= max(8, nlist // 4)]
+        return [{"nprobe": v} for v in probes]
     if "hnsw" in kind:
-        return [32, 64, 128, 256, 512]
+        return [{"ef_search": v} for v in (32, 64, 128, 256, 512)]
     return None
 
 
@@ -722,7 +725,10 @@ def _dense_size(
     label = f"{kind}{spec.code_bytes(dim)}" if "pq" in kind else kind
     row = _row(rows, f"{label}:{dim}:{n}", {"n": n, "kind": label, "dim": dim}, args)
     row["factory"] = spec.factory(dim, n)
-    row["bytes_per_vector"] = spec.bytes_per_vector(dim)
+    row["bytes_per_vector"], row["disk_bytes_per_vector"] = (
+        spec.bytes_per_vector(dim),
+        spec.disk_bytes_per_vector(dim),
+    )
     if spec.bytes_per_vector(dim) * n / 1e9 > args.max_index_gb:
         row["skipped"] = f"index would need {spec.bytes_per_vector(dim) * n / 1e9:.1f} GB > --max-index-gb"
         _save_rows(workdir, rows)
@@ -760,8 +766,8 @@ def _dense_size(
         res.pop("seconds"), res.pop("peak_rss_gb"), res.pop("cpu_seconds", None)
         row.update(res, serve_threads=args.threads)
         row["recall_at_3"] = recall_at(ids, np.load(exact_path), 3)
-        knob = "nprobe" if "ivf" in kind else "efSearch" if "hnsw" in kind else None
-        row["search"] = f"{knob}={res['setting']}" if knob else "exact"
+        setting = res.get("setting")
+        row["search"] = ",".join(f"{k}={v}" for k, v in setting.items()) if setting else "exact"
         _save_rows(workdir, rows)
 
 

@@ -8,7 +8,7 @@ from searchr1.retrieval.base import RETRIEVERS
 
 WEB_BACKENDS = ("serpapi", "google", "serper", "brave", "bing")
 LOCAL_BACKENDS = ("bm25", "dense", "hybrid", "rerank", "http")
-DENSE_INDEX_TYPES = ("flat", "hnsw", "ivf", "ivfpq", "opq-ivfpq", "hnsw-sq8")
+DENSE_INDEX_TYPES = ("flat", "hnsw", "ivf", "ivfpq", "opq-ivfpq", "ivfpq-rerank", "hnsw-sq8")
 """FAISS index kinds of ``searchr1 index build --retriever dense`` (see ``retrieval.dense_build``)."""
 
 
@@ -41,7 +41,7 @@ class RetrievalConfig:
     dense_model: str | None = None
     """Sentence-transformers encoder: local folder or hub id (null: the bundled all-MiniLM-L6-v2)."""
     dense_index_type: str = "flat"
-    """FAISS index built by `index build --retriever dense`: flat | hnsw | ivf | ivfpq | opq-ivfpq | hnsw-sq8."""
+    """FAISS index built by `index build --retriever dense`: flat | hnsw | ivf | ivfpq | opq-ivfpq | ivfpq-rerank | hnsw-sq8."""
     dense_nprobe: int = 16
     """IVF lists visited per query (recall vs speed)."""
     dense_ef_search: int = 64

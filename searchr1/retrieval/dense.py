@@ -170,10 +170,13 @@ def build_faiss_index(
     return build_from_vectors(vectors, spec)
 
 
-def set_search_params(index, nprobe: int = 16, ef_search: int = 64) -> None:
-    """Apply the query-time recall/speed knobs of IVF (nprobe) and HNSW (efSearch) indexes."""
+def set_search_params(index, nprobe: int = 16, ef_search: int = 64, rerank: int | None = None) -> None:
+    """Apply the query-time recall/speed knobs of IVF (nprobe), HNSW (efSearch) and re-scoring
+    (``rerank``: candidates re-scored exactly per hit asked for, FAISS's k_factor) indexes."""
     import faiss
 
+    if rerank is not None and hasattr(index, "k_factor"):
+        index.k_factor = rerank
     if hasattr(index, "nprobe"):
         index.nprobe = nprobe
     ivf = faiss.try_extract_index_ivf(index) if hasattr(faiss, "try_extract_index_ivf") else None
@@ -205,6 +208,8 @@ class DenseParams:
     """PQ bytes per vector of the ivfpq kinds."""
     hnsw_m: int | None = None
     """HNSW links per node of the hnsw kinds."""
+    rerank: int = 32
+    """ivfpq-rerank: candidates re-scored against the float16 vectors per hit asked for."""
 
 
 class DenseRetriever(Retriever):
@@ -218,7 +223,7 @@ class DenseRetriever(Retriever):
         self.index = _maybe_to_gpu(index)
         self.docs = docs
         self.params = params
-        set_search_params(self.index, params.nprobe, params.ef_search)
+        set_search_params(self.index, params.nprobe, params.ef_search, params.rerank)
 
     @classmethod
     def from_documents(

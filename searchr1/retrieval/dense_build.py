@@ -12,6 +12,11 @@ Kinds (inner product on L2-normalised vectors = cosine), with their memory per p
   (asymmetric distance computation), so a query is never quantised.
 - ``opq-ivfpq``: the same after a learnt rotation (OPQ; Ge et al., 2013, "Optimized product
   quantization") that balances variance across sub-vectors; same memory, slower to train.
+- ``ivfpq-rerank``: IVF-PQ whose ``k x k_factor`` best candidates are re-scored exactly against the
+  vectors kept in float16 in the same file and memory-mapped at serving time (FAISS ``IndexRefine``
+  over ``SQfp16``): RAM holds the codes (``pq_m`` + 8 bytes a passage), the disk (page cache when
+  there is memory to spare) 2d bytes more. PQ's ranking error is what keeps IVF-PQ's recall low on
+  embeddings of high intrinsic dimension; re-scoring a few hundred candidates removes it.
 - ``hnsw-sq8``: HNSW over 8-bit scalar-quantised vectors (d bytes + the graph).
 
 The build takes vectors from any (n, d) float32 array -- a ``numpy.memmap`` of the vectors a build
@@ -30,7 +35,8 @@ import numpy as np
 from searchr1.retrieval.config import DENSE_INDEX_TYPES
 
 KINDS = DENSE_INDEX_TYPES
-IVF_KINDS = ("ivf", "ivfpq", "opq-ivfpq")
+IVF_KINDS = ("ivf", "ivfpq", "opq-ivfpq", "ivfpq-rerank")
+PQ_KINDS = ("ivfpq", "opq-ivfpq", "ivfpq-rerank")
 
 
 @dataclass
@@ -53,7 +59,7 @@ class DenseIndexSpec:
     def validate(self, dim: int | None = None) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"unknown dense index type {self.kind!r}; choose one of {', '.join(KINDS)}")
-        if dim is not None and self.kind in ("ivfpq", "opq-ivfpq") and dim % self.code_bytes(dim):
+        if dim is not None and self.kind in PQ_KINDS and dim % self.code_bytes(dim):
             raise ValueError(f"pq_m={self.code_bytes(dim)} must divide the vector dimension {dim}")
 
     def cells(self, n: int) -> int:
@@ -77,11 +83,14 @@ class DenseIndexSpec:
             return f"IVF{nlist},Flat"
         if self.kind == "ivfpq":
             return f"IVF{nlist},PQ{m}"
+        if self.kind == "ivfpq-rerank":
+            return f"IVF{nlist},PQ{m},Refine(SQfp16)"
         return f"OPQ{m},IVF{nlist},PQ{m}"
 
     def bytes_per_vector(self, dim: int) -> float:
         """Memory of one vector in the index (the graph of HNSW estimated as 2M links of 4 bytes at
-        level 0 plus 1/M of that above), excluding per-index constants (centroids, codebooks)."""
+        level 0 plus 1/M of that above), excluding per-index constants (centroids, codebooks); for
+        ivfpq-rerank the codes only (its float16 vectors stay on disk: ``disk_bytes_per_vector``)."""
         graph = 4 * 2 * self.hnsw_m * (1 + 1 / self.hnsw_m)
         return {
             "flat": 4.0 * dim,
@@ -90,7 +99,12 @@ class DenseIndexSpec:
             "ivf": 4.0 * dim + 8,
             "ivfpq": self.code_bytes(dim) + 8.0,
             "opq-ivfpq": self.code_bytes(dim) + 8.0,
+            "ivfpq-rerank": self.code_bytes(dim) + 8.0,
         }[self.kind]
+
+    def disk_bytes_per_vector(self, dim: int) -> float:
+        """Bytes of one vector in the index file."""
+        return self.bytes_per_vector(dim) + (2.0 * dim if self.kind == "ivfpq-rerank" else 0.0)
 
     def training_rows(self, n: int) -> int:
         if self.kind not in (*IVF_KINDS, "hnsw-sq8"):
@@ -180,12 +194,17 @@ def build_from_vectors(
 def read_index(path: str, kind: str | None = None, mmap: bool = False):
     """Read a FAISS index; with ``mmap`` its vectors / codes (flat, hnsw: ``IO_FLAG_MMAP_IFC``) or
     inverted lists (IVF kinds: ``IO_FLAG_MMAP``) are memory-mapped from the file -- page cache shared
-    by every process serving it -- instead of copied into the process (an HNSW graph is still read)."""
+    by every process serving it -- instead of copied into the process (an HNSW graph is still read).
+    ``ivfpq-rerank`` always maps its float16 vectors and reads its PQ codes into memory."""
     import faiss
 
     tune_faiss()
     flags = 0
-    if mmap and kind in IVF_KINDS:
+    if kind == "ivfpq-rerank":
+        mmap = True  # the float16 vectors for re-scoring are what must stay out of RAM
+    if mmap and kind == "ivfpq-rerank":
+        flags = getattr(faiss, "IO_FLAG_MMAP_IFC", 0)
+    elif mmap and kind in IVF_KINDS:
         flags = faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY
     elif mmap and hasattr(faiss, "IO_FLAG_MMAP_IFC"):
         flags = faiss.IO_FLAG_MMAP_IFC

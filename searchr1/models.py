@@ -129,7 +129,9 @@ def _hub_id(name: str) -> str:
 
     if isinstance(try_to_load_from_cache(name, "config.json"), str):
         return name
-    looked = f"model {name!r} is not a local folder, not an alias ({', '.join(ALIASES)}), not a .gguf file"
+    looked = (
+        f"model {name!r} is not a local folder, not an alias ({', '.join(ALIASES)}), not a .gguf file"
+    )
     offline = any(os.environ.get(v, "") not in ("", "0") for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
     if offline:
         raise ModelNotFoundError(f"{looked}, and the hub is off (HF_HUB_OFFLINE) with no cached copy")
@@ -168,9 +170,7 @@ def converted_folder(gguf: Path, key: str) -> Path:
         if folder.exists():
             print(f"searchr1: {folder} is incomplete or corrupt; rebuilding it", file=sys.stderr)
             shutil.rmtree(folder)
-        print(
-            f"searchr1: converting {gguf.name} to a Hugging Face folder in {folder} (once)", file=sys.stderr
-        )
+        print(f"searchr1: converting {gguf.name} to a Hugging Face folder in {folder} (once)", file=sys.stderr)
         tmp = folder.parent / f".{key}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         try:
@@ -202,9 +202,7 @@ def write_gguf_as_folder(gguf: Path, out: Path) -> None:
     hf_logging.set_verbosity_error()  # the per-tensor progress bars of the conversion
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        loaded = AutoModelForCausalLM.from_pretrained(
-            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
-        )
+        loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     finally:
         hf_logging.set_verbosity(previous)
     params = loaded.config.to_dict()

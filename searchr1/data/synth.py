@@ -536,3 +536,5 @@ def write_world(world: World, out_dir: str | Path) -> dict[str, Path]:
         paths[split] = out / f"{split}.jsonl"
         _dump_jsonl(world.splits[split], paths[split])
     return paths
+
+

@@ -388,12 +388,7 @@ def _eval(args: argparse.Namespace) -> int:
         if mode.search == "agent":  # rollout.engine: the multi-turn engine the model was trained with
             return build_engine(cfg, model, tokenizer, retriever, steer=monitor.steer())
         return build_engine(
-            cfg,
-            model,
-            tokenizer,
-            name="single_turn",
-            max_new_tokens=reply_tokens(mode),
-            steer=monitor.steer(),
+            cfg, model, tokenizer, name="single_turn", max_new_tokens=reply_tokens(mode), steer=monitor.steer()
         )
 
     try:

@@ -176,9 +176,7 @@ def validation_html(data: RunData) -> str:
 def paper_table_html(table: PaperTable) -> str:
     """Rows = methods, columns = datasets and their average (the paper's Table 2 layout)."""
     failed = any(table.failures)
-    head = "".join(f"<th>{esc(c)}</th>" for c in table.columns) + (
-        "<th>failed searches</th>" if failed else ""
-    )
+    head = "".join(f"<th>{esc(c)}</th>" for c in table.columns) + ("<th>failed searches</th>" if failed else "")
     body = "".join(
         f"<tr><td>{esc(label)}</td>"
         + "".join(f"<td>{_cell(v)}</td>" for v in values)

@@ -44,15 +44,7 @@ def decode_attention(
 
     if query.shape[2] != 1 or dropout:
         return sdpa_attention_forward(
-            module,
-            query,
-            key,
-            value,
-            attention_mask,
-            dropout=dropout,
-            scaling=scaling,
-            is_causal=is_causal,
-            **kwargs,
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
         )
     batch, heads, _, dim = query.shape
     kv_heads = key.shape[1]

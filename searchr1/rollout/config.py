@@ -62,9 +62,7 @@ class RolloutConfig:
 
     def validate(self, root: Any) -> None:
         if self.dtype not in ("auto", "model", "float32", "bfloat16", "float16"):
-            raise ValueError(
-                f"rollout.dtype: expected auto | model | float32 | bfloat16 | float16, got {self.dtype!r}"
-            )
+            raise ValueError(f"rollout.dtype: expected auto | model | float32 | bfloat16 | float16, got {self.dtype!r}")
         if self.engine not in ENGINES:
             raise ValueError(
                 f"rollout.engine: unknown engine {self.engine!r}; registered: {', '.join(engine_names())}"

@@ -200,9 +200,7 @@ class HFRolloutEngine(_HFEngineBase):
         generators = row_generators(seed, n, self.device)
         episodes: list[Episode | None] = [None] * n
         queue = deque(range(n))
-        kv = KVBatch(
-            self.model, min(self.config.max_batch_rows, n), self.pad_id, fast=self.config.fast_decode
-        )
+        kv = KVBatch(self.model, min(self.config.max_batch_rows, n), self.pad_id, fast=self.config.fast_decode)
         slot_episode: list[int | None] = [None] * kv.n_slots
         waiting: set[int] = set()
         jobs: list[SearchJob] = []

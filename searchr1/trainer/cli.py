@@ -33,8 +33,7 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "--config",
-        help="YAML config file (or the name of a shipped one: tiny_cpu, grpo_qwen2.5_3b, ppo_qwen2.5_3b, ...); keys not given keep their defaults",
+        "--config", help="YAML config file (or the name of a shipped one: tiny_cpu, grpo_qwen2.5_3b, ppo_qwen2.5_3b, ...); keys not given keep their defaults"
     )
     parser.add_argument(
         "overrides", nargs="*", help="dotted key=value overrides, e.g. trainer.total_steps=10"

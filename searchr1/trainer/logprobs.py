@@ -449,9 +449,7 @@ def token_logprobs(
     LM head are computed at once (default ``default_chunk_size(V)``: a 64 MiB float32 block).
     ``share_prefix``: run a prompt prefix common to every row once (``final_hidden_states``).
     """
-    prefix = (
-        shareable_prefix(model, input_ids, attention_mask) if share_prefix and position_ids is None else 0
-    )
+    prefix = shareable_prefix(model, input_ids, attention_mask) if share_prefix and position_ids is None else 0
     hidden = final_hidden_states(model, input_ids, attention_mask, position_ids, shared_prefix=prefix)
     valid = valid_target_mask(input_ids, attention_mask, position_ids)
     if target_mask is not None:

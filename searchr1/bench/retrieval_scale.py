@@ -43,7 +43,11 @@ from typing import Any
 import numpy as np
 
 from searchr1.bench import BenchResult, format_table
-from searchr1.retrieval.corpus import Document
+from searchr1.bench.server_load import sample_corpus
+from searchr1.retrieval.corpus import Document, read_corpus
+from searchr1.retrieval.dense import Encoder, set_search_params
+from searchr1.retrieval.dense_build import DenseIndexSpec, build_from_vectors, read_index
+from searchr1.retrieval.index import build_index, load_index
 
 # -- a wiki-like corpus ---------------------------------------------------------------------------------
 
@@ -357,14 +361,10 @@ def _worker(task: dict[str, Any]) -> None:
     op = task["op"]
     t = time.perf_counter()
     if op == "build_bm25":
-        from searchr1.retrieval.index import build_index
-
         m = build_index(task["corpus"], task["out"], show_progress=False, resume=False,
                         chunk_passages=task["chunk_passages"], memory_mb=task["memory_mb"])  # fmt: skip
         out["passages"] = m.num_documents
     elif op == "build_dense":
-        from searchr1.retrieval.dense_build import DenseIndexSpec, build_from_vectors
-
         vectors = open_vectors(Path(task["vectors"]), task["dim"])
         index = build_from_vectors(vectors, DenseIndexSpec(**task["spec"]))
         faiss.write_index(index, task["out"] + ".tmp")
@@ -379,9 +379,6 @@ def _worker(task: dict[str, Any]) -> None:
 
 def _probe_dense(task: dict[str, Any]) -> dict[str, Any]:
     """Load a dense index as ``serve`` does and answer query vectors: start time, RSS, queries/s."""
-    from searchr1.retrieval.dense import set_search_params
-    from searchr1.retrieval.dense_build import read_index
-
     queries = np.load(task["queries"])
     t = time.perf_counter()
     index = read_index(task["index"], task["kind"], mmap=task.get("mmap", False))
@@ -496,8 +493,6 @@ def serve_bm25(index: Path, queries: list[str], threads: int, total: int, log: P
 
 def inprocess_bm25(index: Path, queries: list[str]) -> dict[str, float]:
     """BM25 queries/s at batch 128 in this process (no HTTP): the search alone, per wall and CPU second."""
-    from searchr1.retrieval.index import load_index
-
     r = load_index(index)
     r.search(queries[:128], 3)
     batches = [queries[i : i + 128] for i in range(128, min(len(queries), 128 + 20 * 128), 128)]
@@ -516,10 +511,6 @@ def inprocess_bm25(index: Path, queries: list[str]) -> dict[str, float]:
 def encoder_rate(threads: int, passages: int) -> dict[str, Any]:
     """Passages/s of the bundled all-MiniLM-L6-v2 on real wiki-18 passages (100 words), ``threads`` threads."""
     import torch
-
-    from searchr1.bench.server_load import sample_corpus
-    from searchr1.retrieval.corpus import read_corpus
-    from searchr1.retrieval.dense import Encoder
 
     torch.set_num_threads(threads)
     sample = sample_corpus()
@@ -716,8 +707,6 @@ def parse_dense(item: str) -> tuple[str, int, int | None]:
 def _dense_size(
     n: int, kind: str, dim: int, pq_m: int | None, args, workdir: Path, rows: dict, log: Path, seed: int
 ) -> None:
-    from searchr1.retrieval.dense_build import DenseIndexSpec
-
     model = VectorModel(dim=dim, seed=seed)
     spec = DenseIndexSpec(kind, nlist=args.nlist, pq_m=pq_m or args.pq_m, hnsw_m=args.hnsw_m,
                           ef_construction=args.ef_construction)  # fmt: skip

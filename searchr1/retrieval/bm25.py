@@ -323,8 +323,8 @@ class BM25Retriever(Retriever):
     name = "bm25"
     PROBE_BELOW = 4096
     """Queries whose columns hold fewer postings than this are scored exhaustively (a sort is cheaper)."""
-    SEEDS = 64
-    """Documents of the first column whose full scores set MaxScore's first threshold."""
+    SEEDS, SEED_COLUMNS = 64, 3
+    """Best documents of each of the first columns whose full scores set MaxScore's first threshold."""
 
     def __init__(self, matrix: ScoreMatrix, vocab, docs: DocStore, params: BM25Params):
         self.matrix = matrix
@@ -468,22 +468,27 @@ class BM25Retriever(Retriever):
             hit = rows[pos] == cand
             score[hit] += vals[pos[hit]].astype(np.float64) * float(w)
 
+    def _best_of_column(self, t: int) -> np.ndarray:
+        """Rows of the ``SEEDS`` highest scores of column ``t``."""
+        rows, vals = self._column(t)
+        if len(rows) <= self.SEEDS:
+            return np.asarray(rows)
+        return np.asarray(rows[np.argpartition(-vals, self.SEEDS - 1)[: self.SEEDS]])
+
     def _top_maxscore(self, terms: np.ndarray, weights: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """MaxScore (see the module docstring). The threshold starts from the full scores of the best
-        documents of the column with the largest bound (found by probing the other columns), so the
+        documents of the columns with the largest bounds (found by probing every column), so the
         long low-IDF columns are usually never scanned, only probed for the few candidates left."""
         bound = self.matrix.column_max()[terms].astype(np.float64) * weights
         order = np.argsort(-bound, kind="stable")
         terms, weights, bound = terms[order], weights[order].astype(np.float64), bound[order]
         rest = np.concatenate([np.cumsum(bound[::-1])[::-1], [0.0]])  # rest[i] = sum of bounds i..
-        # a lower bound on the k-th best score: full scores of the first column's best documents
-        rows0, vals0 = self._column(int(terms[0]))
-        seeds = (
-            np.argpartition(-vals0, self.SEEDS - 1)[: self.SEEDS] if len(rows0) > self.SEEDS else slice(None)
+        # a lower bound on the k-th best score: full scores of the best documents of the first columns
+        seed_rows = np.unique(
+            np.concatenate([self._best_of_column(int(t)) for t in terms[: self.SEED_COLUMNS]])
         )
-        seed_rows = np.asarray(rows0[seeds])
-        seed_score = np.asarray(vals0[seeds], dtype=np.float64) * weights[0]
-        self._probe(seed_rows, seed_score, terms[1:], weights[1:])
+        seed_score = np.zeros(len(seed_rows), dtype=np.float64)
+        self._probe(seed_rows, seed_score, terms, weights)
         theta = (
             float(np.partition(seed_score, len(seed_score) - k)[len(seed_score) - k])
             if len(seed_score) >= k
@@ -495,13 +500,10 @@ class BM25Retriever(Retriever):
         try:
             while i < len(order) and not rest[i] * (1 + 1e-9) < theta:
                 rows, vals = self._column(int(terms[i]))
-                fresh = rows[acc[rows] == 0.0]
-                acc[rows] += vals if weights[i] == 1.0 else vals.astype(np.float64) * weights[i]
-                found.append(fresh)
+                before = acc[rows]
+                found.append(rows[before == 0.0])
+                acc[rows] = before + (vals if weights[i] == 1.0 else vals.astype(np.float64) * weights[i])
                 i += 1
-                if i < len(order) and sum(map(len, found)) >= k:  # partial sums may raise theta further
-                    partial = acc[np.concatenate(found)]
-                    theta = max(theta, float(np.partition(partial, len(partial) - k)[len(partial) - k]))
             cand = np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
             score = acc[cand]
         finally:
@@ -513,7 +515,7 @@ class BM25Retriever(Retriever):
             keep = score + rest[j] * (1 + 1e-9) >= theta
             cand, score = cand[keep], score[keep]
             self._probe(cand, score, terms[j : j + 1], weights[j : j + 1])
-            if len(score) > k:
+            if len(score) > k and j + 1 < len(order) and len(score) > 64:
                 theta = max(theta, float(np.partition(score, len(score) - k)[len(score) - k]))
         return _best(cand, score.astype(np.float32), k)
 

@@ -41,10 +41,10 @@ def wrap_information(docs_text: str) -> str:
 # prompt building
 # ---------------------------------------------------------------------------------------------
 
-TEMPLATES = ("base", "instruct", "instruct_1shot")
+TEMPLATES = ("base", "instruct", "instruct_1shot", "instruct_2shot")
 """Built-in template names; any other value is a path: a ``.json`` / ``.yaml`` list of chat messages
 or a text file, either with a ``{question}`` slot."""
-CHAT_TEMPLATES = ("instruct", "instruct_1shot")
+CHAT_TEMPLATES = ("instruct", "instruct_1shot", "instruct_2shot")
 """Built-in templates rendered through the tokenizer's chat template (so are message files)."""
 
 SEARCH_R1_SYSTEM = SEARCH_R1_INSTRUCTION.split(" Question: {question}")[0]
@@ -72,6 +72,34 @@ ONE_SHOT_MESSAGES = [
 exchange, then the question."""
 
 
+TWO_HOP_QUESTION = "When was the founder of Ulmera Press born?"
+TWO_HOP_TRAJECTORY = (
+    f"{THINK_OPEN} I do not know who founded Ulmera Press. I should search. {THINK_CLOSE}\n"
+    f"{SEARCH_OPEN} Ulmera Press {SEARCH_CLOSE}"
+    + wrap_information(
+        "Doc 1(Title: Ulmera Press) Ulmera Press is a publisher based in Orvale. "
+        "Ulmera Press was founded in 1871 by Edda Ostin.\n"
+    )
+    + f"{THINK_OPEN} Ulmera Press was founded by Edda Ostin. I should search Edda Ostin. {THINK_CLOSE}\n"
+    f"{SEARCH_OPEN} Edda Ostin {SEARCH_CLOSE}"
+    + wrap_information("Doc 1(Title: Edda Ostin) Edda Ostin was a poet. Edda Ostin was born in Orvale in 1838.\n")
+    + f"{THINK_OPEN} The document says Edda Ostin was born in 1838. {THINK_CLOSE}\n"
+    f"{ANSWER_OPEN} 1838 {ANSWER_CLOSE}"
+)
+"""The second worked example of ``instruct_2shot``: a two-hop question answered with two searches, the
+second for the name the first passage gave, and a year as the answer. No synthetic world can contain
+its names (they start with a vowel, or are not among the world's first names)."""
+
+TWO_SHOT_MESSAGES = [
+    *ONE_SHOT_MESSAGES[:3],
+    {"role": "user", "content": TWO_HOP_QUESTION},
+    {"role": "assistant", "content": TWO_HOP_TRAJECTORY},
+    {"role": "user", "content": "{question}"},
+]
+"""``instruct_2shot``: the instruction as the system message, a one-search example and a two-search
+example as user / assistant exchanges, then the question."""
+
+
 def normalize_question(question: str) -> str:
     """Strip white space and end with a question mark, as Search-R1's data preparation does."""
     q = question.strip()
@@ -87,6 +115,8 @@ def load_template(template: str) -> str | list[dict[str, str]]:
 
     if template == "instruct_1shot":
         return [dict(m) for m in ONE_SHOT_MESSAGES]
+    if template == "instruct_2shot":
+        return [dict(m) for m in TWO_SHOT_MESSAGES]
     if template in TEMPLATES:
         return SEARCH_R1_INSTRUCTION
     path = Path(template)
@@ -154,6 +184,7 @@ def build_prompt(question: str, template: str = "base", tokenizer: object = None
     ``base``: the Search-R1 instruction with the question (plain text, for base models).
     ``instruct``: the same instruction as a user message through ``tokenizer``'s chat template.
     ``instruct_1shot``: ``ONE_SHOT_MESSAGES`` through the chat template.
+    ``instruct_2shot``: ``TWO_SHOT_MESSAGES`` (adds a two-search example) through the chat template.
     A path: a ``.json`` / ``.yaml`` list of chat messages (through the chat template) or a text file,
     with a ``{question}`` slot.
     """

@@ -54,15 +54,29 @@ def test_one_shot_template_puts_the_instruction_in_the_system_message(tok):
     assert p.endswith("<|im_start|>user\nWho founded Berak Institute?<|im_end|>\n<|im_start|>assistant\n")
 
 
-def test_the_worked_example_names_nothing_a_synthetic_world_can_contain():
-    from searchr1.data.prompts import EXAMPLE_TRAJECTORY
+def test_the_worked_examples_name_nothing_a_synthetic_world_can_contain():
+    from searchr1.data.prompts import EXAMPLE_TRAJECTORY, TWO_HOP_TRAJECTORY
     from searchr1.data.synth import SynthConfig, generate_world
 
-    for seed in range(4):
+    names = {EXAMPLE_TRAJECTORY: ("Pim", "Aldera", "Tarsk"), TWO_HOP_TRAJECTORY: ("Ulmera", "Edda", "Ostin", "Orvale")}
+    for seed in range(6):
         world = generate_world(SynthConfig(seed=seed, num_entities=300))
-        text = " ".join(row["contents"] for row in world.corpus)
-        for name in ("Pim", "Aldera", "Tarsk"):
-            assert name in EXAMPLE_TRAJECTORY and name not in text
+        text = " ".join(row["contents"] + " " + row.get("title", "") for row in world.corpus)
+        for trajectory, words in names.items():
+            for name in words:
+                assert name in trajectory and name not in text
+
+
+def test_two_shot_template_adds_a_two_search_example_before_the_question(tok):
+    from searchr1.rewards import check_format
+
+    p = build_prompt("Who founded Berak Institute", "instruct_2shot", tok)
+    first, second = p.index("<answer> Tarsk </answer>"), p.index("<answer> 1838 </answer>")
+    assert first < second < p.index("Who founded Berak Institute?")
+    assert p.count("<search> Edda Ostin </search>") == 1 and p.count("<search>") == 4  # 1 + 2, and the instruction's
+    from searchr1.data.prompts import TWO_HOP_TRAJECTORY
+
+    assert check_format(TWO_HOP_TRAJECTORY).valid  # the example is what the structure reward asks for
 
 
 def test_chat_message_file_template(tmp_path, tok):

@@ -49,6 +49,14 @@ class AlgorithmConfig:
     """Weight of the entropy bonus (loss -= entropy_coef * entropy)."""
     value_clip: float = 0.5
     """PPO critic: new values are clipped to old_values +- value_clip (0 disables)."""
+    llds_coef: float = 0.0
+    """Weight of the LLDS likelihood-preserving term (Deng et al. 2025); 0 = off. It acts only where a token's log-prob fell below the rollout policy's: after the first optimizer step of a batch (ppo_epochs > 1 or several mini-batches)."""
+    llds_threshold: float = 0.0
+    """LLDS: a response is regularised only when its summed log-likelihood fell by more than this."""
+    llds_positive_only: bool = True
+    """LLDS: regularise only responses with a positive advantage (the displaced likelihood of good answers)."""
+    filter_groups: bool = False
+    """Drop groups whose rewards are all equal from the update (DAPO's dynamic sampling without the refill, Yu et al. 2025): under group baselines they carry no advantage, so the gradient's direction is unchanged and the update is cheaper; a step with no such group makes no update."""
     # -- KL regularisation ------------------------------------------------------------------------
     use_kl_loss: bool = True
     """Add kl_coef * KL(policy || reference) to the actor loss (GRPO style)."""
@@ -110,6 +118,8 @@ class AlgorithmConfig:
             ("clip_ratio_high", self.clip_ratio_high >= 0.0, "must be >= 0"),
             ("clip_ratio_c", self.clip_ratio_c == 0.0 or self.clip_ratio_c > 1.0, "must be 0 (off) or > 1"),
             ("value_clip", self.value_clip >= 0.0, "must be >= 0"),
+            ("llds_coef", self.llds_coef >= 0.0, "must be >= 0"),
+            ("llds_threshold", self.llds_threshold >= 0.0, "must be >= 0"),
             ("kl_coef", self.kl_coef >= 0.0, "must be >= 0"),
             ("kl_topk_tokens", self.kl_topk_tokens >= 0, "must be >= 0"),
             ("kl_chunk_size", self.kl_chunk_size >= 1, "must be >= 1"),
@@ -125,6 +135,11 @@ class AlgorithmConfig:
             raise ValueError(
                 "algorithm.use_kl_loss and algorithm.use_kl_in_reward are both true: choose one place "
                 "for the KL penalty (loss = GRPO style, reward = PPO style)"
+            )
+        if self.filter_groups and registry.advantage_traits(self.advantage).needs_critic:
+            raise ValueError(
+                f"algorithm.filter_groups: with algorithm.advantage={self.advantage} (a critic baseline) a group "
+                "of equal rewards still has advantages; filtering is for group baselines (grpo, rloo, ...)"
             )
         if self.kl_topk_tokens > 0 and self.kl_loss_type == "token":
             raise ValueError(

@@ -17,7 +17,6 @@ from searchr1.data.formats import load_samples as read_samples
 from searchr1.data.prompts import build_prompt
 from searchr1.data.synth import SynthConfig, generate_world, write_world
 from searchr1.rewards.composite import build_reward as build_composite_reward
-from searchr1.rewards.text import answer_from_spans, exact_match, f1_score
 from searchr1.rollout.registry import build_engine
 from searchr1.rollout.sampling import SamplingParams
 from searchr1.trainer.critic import ValueModel
@@ -247,19 +246,6 @@ def score(reward_fn: Any, trajectories: Sequence[Any], decode: Any) -> list[Any]
     if hasattr(reward_fn, "score_trajectories"):
         return reward_fn.score_trajectories(list(trajectories), decode)
     return [reward_fn(t, decode) for t in trajectories]
-
-
-def answer_metrics(response: str | Sequence[str], golden_answers: Sequence[str]) -> dict[str, float]:
-    """EM and F1 of the model's answer (the evaluation's metrics and normalisation). ``response``:
-    the trajectory's generated spans (``traj.generated_spans(decode)``: a tag pair never straddles
-    an observation), or its generated text as one string (``traj.generated_text_only(decode)``)."""
-
-    spans = [response] if isinstance(response, str) else list(response)
-    answer = answer_from_spans(spans)
-    return {
-        "em": float(exact_match(answer, list(golden_answers))),
-        "f1": float(f1_score(answer, list(golden_answers))),
-    }
 
 
 # ----------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ searchr1 train --config grpo_qwen2.5_3b data.train_files=[train.parquet]
 torchrun --nproc_per_node 8 -m searchr1 train --config ppo_qwen2.5_3b
 searchr1 train --plot runs/tiny                 # (re)write the PNG plots of a run
 searchr1 train --config X.yaml --print-config   # the resolved configuration, nothing trained
+searchr1 train --export runs/tiny export/tiny [--best]   # copy a run's policy (--best: the kept best validated one)
 """
 
 from __future__ import annotations
@@ -43,6 +44,17 @@ def register(subparsers: Any) -> None:
         "--list-keys", action="store_true", help="list every config key with its default and doc"
     )
     parser.add_argument("--plot", metavar="RUN_DIR", help="write the PNG plots of an existing run and exit")
+    parser.add_argument(
+        "--export",
+        nargs=2,
+        metavar=("RUN_DIR", "OUT"),
+        help="copy the run's newest checkpointed policy (a from_pretrained folder) to OUT and exit",
+    )
+    parser.add_argument(
+        "--best",
+        action="store_true",
+        help="with --export: the policy of the best validation EM (trainer.keep_best=val_em) instead",
+    )
     parser.set_defaults(func=_main)
 
 
@@ -50,6 +62,15 @@ def _main(args: argparse.Namespace) -> int:
     if args.list_keys:
         for key, default, doc in describe():
             print(f"{key} = {default}\n    {doc}")
+        return 0
+    if args.export:
+        from searchr1.trainer.checkpoint import export_policy  # torch
+
+        try:
+            folder, origin = export_policy(*args.export, best=args.best)
+        except (FileNotFoundError, FileExistsError) as exc:
+            raise UserFacingError(str(exc)) from exc
+        print(f"{folder}  ({origin})")
         return 0
     if args.plot:
         if not (Path(args.plot) / "metrics.jsonl").is_file():

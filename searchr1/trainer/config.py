@@ -112,6 +112,8 @@ class TrainerConfig:
     """Validate once before the first step."""
     val_max_samples: int = 0
     """Validation questions at most (0 = all)."""
+    keep_best: Literal["none", "val_em"] = "none"
+    """val_em: keep the policy of the best validation EM in checkpoints/best (needs val_every > 0); `SearchR1Trainer.save(best=True)` and `searchr1 train --export-best` take it."""
     log_backends: list[str] = field(default_factory=lambda: ["jsonl", "tensorboard"])
     """Metric sinks: jsonl | tensorboard | wandb (wandb honours WANDB_MODE=offline)."""
     wandb_project: str = "searchr1"
@@ -161,6 +163,10 @@ class TrainerConfig:
             raise ValueError("trainer.keep_last must be >= 1")
         if self.max_nonfinite_in_a_row < 1:
             raise ValueError("trainer.max_nonfinite_in_a_row must be >= 1")
+        if self.keep_best not in ("none", "val_em"):
+            raise ValueError(f"trainer.keep_best: expected none | val_em, got {self.keep_best!r}")
+        if self.keep_best == "val_em" and not self.val_every:
+            raise ValueError("trainer.keep_best=val_em needs trainer.val_every > 0 (no validation, no best)")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"trainer.device: expected auto | cpu | cuda[:N], got {self.device!r}")
         _validate_algorithm(root)

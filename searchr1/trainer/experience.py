@@ -120,6 +120,23 @@ def rank_share(rows: Sequence[int], group_ids: Sequence[int], rank: int, world: 
     return [r for g in keys[rank * per : (rank + 1) * per] for r in groups[g]]
 
 
+def rows_with_signal(scores: Sequence[float], group_ids: Sequence[int], multiple: int = 1) -> list[int]:
+    """Rows of the groups whose rewards are not all equal, in row order (DAPO's group filter).
+
+    The count of groups kept is made a multiple of ``multiple`` (ranks x mini-batches, so whole groups
+    still share out evenly) by adding the fewest groups without signal, first ones first; none kept
+    when no group has signal."""
+    groups: dict[int, list[int]] = {}
+    for row, gid in enumerate(group_ids):
+        groups.setdefault(gid, []).append(row)
+    signal = [g for g, rows in groups.items() if max(scores[r] for r in rows) > min(scores[r] for r in rows)]
+    if not signal:
+        return []
+    flat = [g for g in groups if g not in signal]
+    keep = set(signal) | set(flat[: -len(signal) % max(1, multiple)])
+    return [row for g, rows in groups.items() if g in keep for row in rows]
+
+
 def build_experience(
     trajectories: Sequence[Trajectory],
     scores: Sequence[float],

@@ -36,7 +36,8 @@ from searchr1.algorithms.kl import AdaptiveKLController
 from searchr1.algorithms.reference import ema_update_
 from searchr1.config import to_dict
 from searchr1.precision import autocast, fast_bf16, frozen_linears_to_bf16
-from searchr1.rollout.records import trajectory_record
+from searchr1.rewards.format import is_valid_format
+from searchr1.rollout.records import answer_and_scores, trajectory_record
 from searchr1.trainer import adapters, checkpoint, components
 from searchr1.trainer.distributed import (
     DistInfo,
@@ -51,7 +52,14 @@ from searchr1.trainer.distributed import (
     unwrap,
     wrap_model,
 )
-from searchr1.trainer.experience import Experience, build_experience, gather_experience, micro_batches
+from searchr1.trainer.experience import (
+    Experience,
+    build_experience,
+    gather_experience,
+    micro_batches,
+    rows_with_signal,
+)
+from searchr1.trainer.health import CollapseMonitor, flat_group_share
 from searchr1.trainer.plots import write_plots
 from searchr1.trainer.schedule import PromptSampler, make_scheduler
 from searchr1.trainer.search_health import SearchAlert, SearchFailureMonitor, first_search_error
@@ -104,6 +112,9 @@ class RLTrainer:
         self.search_monitor = SearchFailureMonitor(
             cfg.rollout.max_search_failure_rate, cfg.rollout.search_failure_window
         )
+        self.health = CollapseMonitor()
+        self.best_val: dict[str, float] | None = None
+        """``{"step", "em"}`` of the best validation so far (``trainer.keep_best``)."""
         self._stop_signal: int | None = None
         self._injected = dict(
             model=model,
@@ -213,6 +224,11 @@ class RLTrainer:
         self.nonfinite_in_a_row = int(state.get("nonfinite_in_a_row", 0))
         self.nonfinite_total = int(state.get("nonfinite_total", 0))
         self.algo_state = dict(state.get("algo_state", {}))
+        self.health.load_state_dict(state.get("health", {}))
+        self.best_val = state.get("best_val")
+        kept = checkpoint.best_checkpoint(self.out_dir)  # a best written after this checkpoint still counts
+        if kept is not None and (self.best_val is None or kept[1]["em"] > self.best_val["em"]):
+            self.best_val = kept[1]
         rng = state["rng"]
         checkpoint.set_rng_state(
             rng[self.dist.rank] if isinstance(rng, list) and len(rng) > self.dist.rank else rng
@@ -369,12 +385,8 @@ class RLTrainer:
             add("reward/mean", rew.total)
             for name, value in rew.components.items():
                 add(f"reward/{name}", value)
-            add(
-                "reward/em",
-                adapters.answer_metrics(
-                    traj.generated_text_only(self.tokenizer.decode), traj.meta.get("golden_answers", [])
-                )["em"],
-            )
+            add("reward/em", self._answer_scores(traj, traj.meta.get("golden_answers", []))["em"])
+            add("rollout/valid_format", float(is_valid_format(self._decode(traj.response_ids))))
             add("rollout/searches", traj.searches)
             add("rollout/turns", traj.turns)
             add("rollout/invalid_actions", traj.invalid_actions)
@@ -403,13 +415,35 @@ class RLTrainer:
         out["actor/advantage_mean"] = float(adv)
         return out
 
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def _answer_scores(self, traj: Any, golden: list[str]) -> dict[str, float]:
+        """EM / subEM / F1 of a trajectory's answer, read as the evaluation and the reward read it."""
+        decode_text = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+        return answer_and_scores(traj, decode_text, list(golden), self.cfg.reward.normalization)[2]
+
+    def _filter_groups(self, exp: Experience, metrics: dict[str, float]) -> Experience | None:
+        """``algorithm.filter_groups``: the batch without its groups of equal rewards (None: none left)."""
+        scores = exp.scores.tolist()
+        metrics["rollout/flat_groups"] = flat_group_share(scores, exp.group_ids)
+        if not self.algo.filter_groups:
+            return exp
+        multiple = self.dist.world_size * (self.tcfg.batch_size // self.tcfg.mini_batch_size)
+        rows = rows_with_signal(scores, exp.group_ids, multiple)
+        metrics["actor/trained_share"] = len(rows) / max(1, len(exp))
+        return exp.select(rows) if rows else None
+
     def train_step(self) -> dict[str, float]:
         step = self.step
         t_step = time.perf_counter()
         indices = self.sampler.next_batch()
         trajs, groups, t_rollout = self.rollout(indices, step)
         exp, metrics = self.make_experience(trajs, groups)
+        exp = self._filter_groups(exp, metrics)
         t0 = time.perf_counter()
+        if exp is None:  # every group scored alike: no advantage anywhere, nothing to update
+            return self._finish_step(step, metrics, t_step, t_rollout, t0, update_actor=False, trajs=trajs)
         update_actor = step >= self.tcfg.critic_warmup_steps or self.critic is None
         self.policy.train()
         if self.critic is not None:
@@ -439,8 +473,27 @@ class RLTrainer:
             reference_logits_fn=self._reference_logits if self.algo.kl_loss_type != "token" else None,
         )
         self.engine.update_weights()  # a generation copy (another dtype, merged LoRA) follows the policy
-        t_update = time.perf_counter() - t0
         metrics.update(upd_metrics)
+        if skipped:
+            self.nonfinite_in_a_row += 1
+            self.nonfinite_total += skipped
+        else:
+            self.nonfinite_in_a_row = 0
+        return self._finish_step(step, metrics, t_step, t_rollout, t0, update_actor=update_actor, trajs=trajs)
+
+    def _finish_step(
+        self,
+        step: int,
+        metrics: dict[str, float],
+        t_step: float,
+        t_rollout: float,
+        t_update_start: float,
+        *,
+        update_actor: bool,
+        trajs: list[Any],
+    ) -> dict[str, float]:
+        """Schedulers, the EMA reference, and the step's bookkeeping metrics."""
+        t_update = time.perf_counter() - t_update_start
         if update_actor:
             metrics.setdefault("actor/clipfrac", 0.0)  # losses without a ratio clip nothing
         with warnings.catch_warnings():  # a skipped (non-finite) optimizer step is not a bug here
@@ -449,11 +502,6 @@ class RLTrainer:
             if self.critic_scheduler is not None:
                 self.critic_scheduler.step()
         self._after_update(step, metrics)
-        if skipped:
-            self.nonfinite_in_a_row += 1
-            self.nonfinite_total += skipped
-        else:
-            self.nonfinite_in_a_row = 0
         metrics["train/nonfinite_skipped"] = float(self.nonfinite_total)
         metrics["actor/lr"] = self.actor_scheduler.get_last_lr()[0]
         if self.critic_scheduler is not None:
@@ -542,9 +590,7 @@ class RLTrainer:
                     seed=self.cfg.seed,
                 )
             for traj, meta in zip(trajs, metas, strict=True):
-                m = adapters.answer_metrics(
-                    traj.generated_text_only(self.tokenizer.decode), meta["golden_answers"]
-                )
+                m = self._answer_scores(traj, meta["golden_answers"])
                 rows.append(
                     {"source": meta["data_source"], **m, "searches": traj.searches, "turns": traj.turns}
                 )
@@ -556,7 +602,7 @@ class RLTrainer:
         for source, rs in sorted(by_source.items()):
             for key in ("em", "f1", "searches", "turns"):
                 out[f"val/{source}/{key}"] = sum(r[key] for r in rs) / len(rs)
-        for key in ("em", "f1", "searches", "turns"):
+        for key in ("em", "sub_em", "f1", "searches", "turns"):
             out[f"val/{key}"] = sum(r[key] for r in all_rows) / max(1, len(all_rows))
         return out
 
@@ -590,6 +636,8 @@ class RLTrainer:
                 "nonfinite_total": self.nonfinite_total,
                 "algo_state": self.algo_state,
                 "world_size": self.dist.world_size,
+                "health": self.health.state_dict(),
+                "best_val": self.best_val,
             }
 
             def write(folder: Path) -> None:
@@ -654,6 +702,10 @@ class RLTrainer:
                 metrics = self.train_step()
                 if self.tcfg.val_every and self.step % self.tcfg.val_every == 0:
                     metrics.update(self.validate())
+                    self._keep_if_best(metrics)
+                for alert in self.health.observe(self.step, metrics):
+                    if is_main:
+                        bar.write(alert.message)
                 logger.log(self.step, metrics)
                 if is_main:
                     self._write_trajectories(metrics)
@@ -700,9 +752,32 @@ class RLTrainer:
         if is_main and self.tcfg.plot_at_end:
             summary["plots"] = [str(p) for p in self._plots()]
         summary.update(step=self.step, last=last, first_val=first_val)
+        summary["health"] = [a.__dict__ for a in self.health.alerts]
+        summary["best"] = self.best_val
         latest = checkpoint.latest_checkpoint(self.out_dir)
         summary["checkpoint"] = str(latest) if latest else None
         return summary
+
+    def _keep_if_best(self, metrics: dict[str, float]) -> None:
+        """``trainer.keep_best=val_em``: a validation EM above every earlier one (ties keep the earlier)
+        writes the policy to ``checkpoints/best`` (``checkpoint.best_dir``), with its step and EM."""
+        if self.tcfg.keep_best != "val_em" or "val/em" not in metrics:
+            return
+        em = float(metrics["val/em"])
+        if self.best_val is not None and em <= self.best_val["em"]:
+            return
+        self.best_val = {"step": self.step, "em": em}
+        metrics["val/best_em"] = em
+        policy_sd = full_state_dict(self.policy, self.dist) if self.dist.enabled and not self.lora else None
+        if self.dist.is_main:
+            checkpoint.save_best(
+                self.out_dir,
+                lambda folder: components.save_policy(
+                    self.policy, self.tokenizer, folder, lora=self.lora, state_dict=policy_sd
+                ),
+                self.best_val,
+            )
+        barrier(self.dist)
 
     def _search_alert(self, metrics: dict[str, float]) -> SearchAlert:
         """This step's failed / attempted searches (all ranks) through the search-failure monitor."""

@@ -7,7 +7,7 @@ micro-batch is normalised by the *mini-batch* counts summed over ranks (``AggNor
 world size because DDP/FSDP average gradients, so the step does not depend on how the mini-batch is
 split into micro-batches or ranks:
 
-    L_actor  = agg(pg_loss_t)  +  kl_coef * agg(KL_t)  -  entropy_coef * agg(H_t)
+    L_actor  = agg(pg_loss_t)  +  llds_coef * LLDS  +  kl_coef * agg(KL_t)  -  entropy_coef * agg(H_t)
     L_critic = agg(0.5 * max((V - R)^2, (V_clip - R)^2))
 """
 
@@ -23,7 +23,7 @@ import torch
 
 from searchr1.algorithms.aggregation import AggNorms, agg_loss
 from searchr1.algorithms.config import AlgorithmConfig
-from searchr1.algorithms.policy_losses import compute_policy_loss, value_loss
+from searchr1.algorithms.policy_losses import compute_policy_loss, llds_loss, value_loss
 from searchr1.precision import autocast
 from searchr1.trainer import adapters
 from searchr1.trainer.distributed import DistInfo, all_reduce_sum, no_sync
@@ -218,6 +218,10 @@ def _actor_loss(
         logprobs, old_logprobs, mb.advantages, mb.train_mask, algo, norms=norms
     )
     loss = pg_loss
+    if algo.llds_coef > 0:
+        llds = llds_loss(logprobs, old_logprobs, mb.advantages, mb.train_mask, config=algo, norms=norms)
+        loss = loss + algo.llds_coef * llds
+        sums.add_share("actor/llds_loss", llds)
     ent = agg_loss(entropy, mb.train_mask, algo.loss_agg, norms=norms)
     if algo.entropy_coef:
         loss = loss - algo.entropy_coef * ent

@@ -7,14 +7,10 @@ import json
 import pytest
 from sample_data import flashrag_sample
 
-from searchr1.learning_demo import (
-    DemoSettings,
-    NoSearch,
-    em_by_relation,
-    format_by_relation,
-    format_results,
-    run_learning_demo,
-)
+from searchr1.demo.console import format_by_relation, format_results
+from searchr1.demo.runs import NoSearch, run_learning_demo
+from searchr1.demo.settings import DemoSettings
+from searchr1.demo.summary import before_after, relation_of
 
 TINY_RL = [
     "trainer.total_steps=2",
@@ -48,7 +44,9 @@ def test_tiny_run_writes_the_summary_with_both_runs(tmp_path, tiny_model_dir):
         assert 0.0 <= row[key] <= 10.0
         assert key in row["no_search"]
     runs = row["runs"]
-    assert runs["search"]["steps"] == 2 and runs["no_search"]["steps"] == 2 and runs["zero_shot"]["steps"] == 2
+    assert (
+        runs["search"]["steps"] == 2 and runs["no_search"]["steps"] == 2 and runs["zero_shot"]["steps"] == 2
+    )
     assert "zero_shot_em_after" in row and "zero_shot_em_after" in summary["mean"]
     # single- and multi-hop apart: every test question in one of them, EM as the overall one
     by_hops = runs["search"]["by_hops"]
@@ -80,19 +78,31 @@ def test_tiny_run_writes_the_summary_with_both_runs(tmp_path, tiny_model_dir):
 def _record(index: int, em: float) -> str:
     """An evaluation record (the fields ``evaluation.aggregate`` reads)."""
     scores = {"em": em, "sub_em": em, "f1": em, "valid_format": 1.0}
-    return json.dumps({"index": index, "data_source": "synth", "scores": scores, "searches": 1,
+    return json.dumps({"index": index, "data_source": "synth", "scores": scores, "searches": 1 + int(em),
                        "turns": 2, "truncated": False}) + "\n"  # fmt: skip
 
 
-def test_em_by_relation_joins_questions_and_trajectories_by_index(tmp_path):
+def test_before_after_joins_questions_and_trajectories_by_index(tmp_path):
     samples = [{"metadata": {"relation": r}} for r in ("founder", "birth_city", "founder", "birth_city")]
     before, after = tmp_path / "before.jsonl", tmp_path / "after.jsonl"
     before.write_text(_record(0, 0.0) + _record(1, 1.0) + _record(2, 0.0) + _record(3, 0.0))
     after.write_text(_record(3, 1.0) + _record(2, 1.0) + _record(0, 1.0) + _record(1, 0.0))  # any order
-    table = em_by_relation(samples, before, after)
+    table = before_after(samples, before, after, relation_of)
     assert table == {
-        "birth_city": {"questions": 2, "em_before": 0.5, "em_after": 0.5},
-        "founder": {"questions": 2, "em_before": 0.0, "em_after": 1.0},
+        "birth_city": {
+            "questions": 2,
+            "em_before": 0.5,
+            "em_after": 0.5,
+            "searches_before": 1.5,
+            "searches_after": 1.5,
+        },
+        "founder": {
+            "questions": 2,
+            "em_before": 0.0,
+            "em_after": 1.0,
+            "searches_before": 1.0,
+            "searches_after": 2.0,
+        },
     }
     summary = {
         "seeds": {
@@ -122,9 +132,9 @@ def test_quick_demo_reward_rises(tmp_path):
 
 @pytest.mark.parametrize("argv", [["--algorithm", "nope"], ["rollout.nope=1"], ["trainer.batch_size=0"]])
 def test_bad_settings_fail_before_anything_is_built(tmp_path, argv, capsys):
-    from searchr1.learning_demo import main
+    from searchr1.cli import main
 
-    assert main(["--out", str(tmp_path), *argv]) == 2
+    assert main(["demo", "--out", str(tmp_path), *argv]) == 2
     assert "error:" in capsys.readouterr().err
 
 

@@ -59,6 +59,13 @@ def add_arguments(parser: Any) -> None:
         "when found; '' for none)",
     )
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="runs trained at the same time, each in its own process pinned to its share of the cores "
+        "(default 1: one run after another with --threads threads)",
+    )
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"starting model (default {DEFAULT_MODEL})")
     parser.add_argument(
         "--template",
@@ -80,6 +87,7 @@ def settings_from_args(args: argparse.Namespace) -> DemoSettings:
         overrides=[*settings.overrides, *args.overrides],
         model=args.model,
         template=args.template,
+        jobs=max(1, args.jobs),
     )
     if args.seeds:
         settings = replace(settings, seeds=tuple(args.seeds))

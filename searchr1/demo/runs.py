@@ -36,6 +36,7 @@ import math
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -112,13 +113,14 @@ def demo_trainer(
     val: list[dict],
     out: Path,
     prompt_path: Path,
+    extra: Sequence[str] = (),
 ) -> Any:
     """The demo's RL trainer (set up) on a fresh copy of the starting model in ``model_dir``."""
     from searchr1.models import load_model, load_tokenizer
     from searchr1.trainer.loop import RLTrainer
 
     trainer = RLTrainer(
-        rl_config(settings, seed, out, prompt_path, model_dir),
+        rl_config(settings, seed, out, prompt_path, model_dir, extra),
         model=load_model(model_dir),
         tokenizer=load_tokenizer(model_dir),
         retriever=retriever,
@@ -143,6 +145,7 @@ def one_run(
     prompt_path: Path,
     log: Callable[[str], None],
     nq: tuple[list[Any], Any] | None = None,
+    extra: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Evaluate, train, evaluate: one policy from the starting model with one search backend.
 
@@ -151,7 +154,7 @@ def one_run(
     train = _read_jsonl(world_files["train"])
     val = _read_jsonl(world_files["val"])
     test = _read_jsonl(world_files["test"])[: settings.num_test]
-    trainer = demo_trainer(settings, seed, model_dir, retriever, train, val, out, prompt_path)
+    trainer = demo_trainer(settings, seed, model_dir, retriever, train, val, out, prompt_path, extra)
     evals = {"before": evaluate_policy(trainer, test, out / "eval_before", str(prompt_path), seed)}
     log(f"  before: {_line(evals['before'], test, out / 'eval_before')}")
     nq_before = _evaluate_nq(trainer, nq, out / "eval_nq_before", prompt_path, seed)
@@ -218,16 +221,88 @@ def load_nq(folder: Path | None) -> tuple[list[Any], Any] | None:
     )
 
 
-def run_learning_demo(
-    out_dir: str | Path, settings: DemoSettings | None = None, log: Callable[[str], None] | None = None
+@dataclass(frozen=True)
+class RunSpec:
+    """One training run of the demo: a seed's world, a search backend and a prompt."""
+
+    seed: int
+    mode: str
+    """search | no_search (a backend that finds nothing) | zero_shot (the zero-shot prompt)."""
+    prompt: Path
+    label: str
+    with_nq: bool = False
+    """Also evaluate on the real NQ sample before and after (the first seed's search run)."""
+
+
+def plan_runs(settings: DemoSettings, out: Path, prompt_path: Path) -> list[RunSpec]:
+    """Every run of the demo, seed by seed: search, then the control, then (first seed) zero-shot."""
+    plan = []
+    for seed in settings.seeds:
+        first = seed == settings.seeds[0]
+        plan.append(RunSpec(seed, "search", prompt_path, "BM25 search", with_nq=first))
+        if settings.no_search:
+            plan.append(RunSpec(seed, "no_search", prompt_path, "search disabled"))
+        if settings.zero_shot_template and first:
+            label = f"BM25 search, zero-shot prompt ({settings.zero_shot_template})"
+            plan.append(RunSpec(seed, "zero_shot", out / ZERO_SHOT_PROMPT_FILE, label))
+    return plan
+
+
+def world_files(folder: Path) -> dict[str, Path]:
+    return {name: folder / f"{name}.jsonl" for name in ("corpus", "train", "val", "test")}
+
+
+def execute_run(
+    spec: RunSpec,
+    settings: DemoSettings,
+    out: Path,
+    model_dir: Path,
+    nq_folder: Path | None,
+    log: Callable[[str], None],
+    parallel: bool = False,
 ) -> dict[str, Any]:
-    """Run the whole demo into ``out_dir``; returns (and writes) the summary."""
-    import gc
+    """One run in this process (the seed's world is already written under ``out``)."""
+    import torch
+
+    files = world_files(out / f"seed_{spec.seed}" / "world")
+    retriever = NoSearch() if spec.mode == "no_search" else build_bm25(files["corpus"])
+    nq = load_nq(nq_folder) if spec.with_nq else None
+    name = f"seed {spec.seed} {spec.mode}"
+    extra = ["trainer.progress_lines=true", f"trainer.progress_label={name}"] if parallel else []
+    torch.manual_seed(spec.seed)
+    log(f"seed {spec.seed}: RL with {spec.label}")
+    prefix = f"[{name}] " if parallel else ""
+    return one_run(
+        settings, spec.seed, model_dir, files, retriever, out / f"seed_{spec.seed}" / spec.mode, spec.prompt,
+        lambda line: log(prefix + line), nq=nq, extra=extra,
+    )  # fmt: skip
+
+
+def _pin_worker(cores: Any) -> None:
+    """Worker initializer: take a set of cores, pin to them, use as many torch threads."""
+    import os
 
     import torch
 
+    mine = cores.get()
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, mine)
+    torch.set_num_threads(len(mine))
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def run_learning_demo(
+    out_dir: str | Path, settings: DemoSettings | None = None, log: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """Run the whole demo into ``out_dir``; returns (and writes) the summary. With ``settings.jobs`` > 1
+    the runs go to that many worker processes, each pinned to its share of the CPU cores."""
+    import gc
+
     settings = settings or DemoSettings()
-    log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+    log = log or _stderr
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
@@ -237,38 +312,51 @@ def run_learning_demo(
     model_dir = Path(resolve_model(settings.model))
     log(f"starting model: {settings.model} ({model_dir})")
     nq_folder = find_nq_sample(settings.nq_sample)
-    nq = load_nq(nq_folder)
-    if settings.nq_sample == "auto" and nq is None:
+    if settings.nq_sample == "auto" and nq_folder is None:
         log("NQ sample not found (shared/data/flashrag-sample): the real-data evaluation is skipped")
-
-    per_seed: dict[str, Any] = {}
     for seed in settings.seeds:
-        first = seed == settings.seeds[0]
-        seed_dir = out / f"seed_{seed}"
-        _, files = build_world(seed, settings, seed_dir / "world")
-        bm25 = build_bm25(files["corpus"])
-        runs: list[tuple[str, Any, Path, str]] = [("search", bm25, prompt_path, "BM25 search")]
-        if settings.no_search:
-            runs.append(("no_search", NoSearch(), prompt_path, "search disabled"))
-        if settings.zero_shot_template and first:
-            zero = out / ZERO_SHOT_PROMPT_FILE
-            runs.append(
-                ("zero_shot", bm25, zero, f"BM25 search, zero-shot prompt ({settings.zero_shot_template})")
-            )
-        row: dict[str, Any] = {}
-        for mode, retriever, prompt, label in runs:
-            torch.manual_seed(seed)
-            log(f"seed {seed}: RL with {label}")
-            row[mode] = one_run(
-                settings, seed, model_dir, files, retriever, seed_dir / mode, prompt, log,
-                nq=nq if first and mode == "search" else None,
-            )  # fmt: skip
+        build_world(seed, settings, out / f"seed_{seed}" / "world")
+    plan = plan_runs(settings, out, prompt_path)
+    rows: dict[int, dict[str, Any]] = {seed: {} for seed in settings.seeds}
+    per_seed: dict[str, Any] = {}
+
+    def done(spec: RunSpec, row: dict[str, Any]) -> None:
+        rows[spec.seed][spec.mode] = row
+        if len(rows[spec.seed]) == sum(s.seed == spec.seed for s in plan):  # the seed is complete
+            ordered = {s.mode: rows[spec.seed][s.mode] for s in plan if s.seed == spec.seed}
+            per_seed[str(spec.seed)] = {**flat_row(ordered), "runs": ordered}
+            by_order = {str(s): per_seed[str(s)] for s in settings.seeds if str(s) in per_seed}
+            partial = _summary(by_order, settings, model_dir, t_start)
+            (out / SUMMARY_FILE).write_text(json.dumps(partial, indent=2) + "\n")  # after every seed
+
+    jobs = max(1, min(settings.jobs, len(plan)))
+    if jobs == 1:
+        for spec in plan:
+            done(spec, execute_run(spec, settings, out, model_dir, nq_folder, log))
             gc.collect()
-        per_seed[str(seed)] = flat_row(row)
-        per_seed[str(seed)]["runs"] = row
-        partial = _summary(per_seed, settings, model_dir, t_start)
-        (out / SUMMARY_FILE).write_text(json.dumps(partial, indent=2) + "\n")  # after every seed
-    summary = _summary(per_seed, settings, model_dir, t_start)
+    else:
+        import multiprocessing as mp
+        import os
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        ctx = mp.get_context("spawn")
+        cores = ctx.Queue()
+        available = (
+            sorted(os.sched_getaffinity(0))
+            if hasattr(os, "sched_getaffinity")
+            else list(range(os.cpu_count() or 1))
+        )
+        per = max(1, len(available) // jobs)
+        for j in range(jobs):
+            cores.put(set(available[j * per : (j + 1) * per]) or set(available))
+        with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_pin_worker, initargs=(cores,)) as pool:
+            futures = {
+                pool.submit(execute_run, spec, settings, out, model_dir, nq_folder, _stderr, True): spec
+                for spec in plan
+            }
+            for future in as_completed(futures):
+                done(futures[future], future.result())
+    summary = _summary({str(s): per_seed[str(s)] for s in settings.seeds}, settings, model_dir, t_start)
     (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 

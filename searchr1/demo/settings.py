@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,8 @@ class DemoSettings:
     the working directory and this package; ``""``: none."""
     overrides: list[str] = field(default_factory=list)
     """Extra dotted config overrides for the RL runs (``rollout.n=4`` ...)."""
+    jobs: int = 1
+    """Runs trained at the same time, each in its own process pinned to its share of the CPU cores."""
 
     @classmethod
     def quick_settings(cls) -> DemoSettings:
@@ -65,7 +68,7 @@ def rl_config(
     out_dir: Path,
     prompt_path: Path,
     model_dir: Path | None = None,
-    extra: list[str] | tuple[str, ...] = (),
+    extra: Sequence[str] = (),
 ) -> Any:
     """The RL configuration of one run: the shipped demo config plus the run's own keys."""
     from searchr1.config import load_config

@@ -122,6 +122,10 @@ class TrainerConfig:
     """Weights & Biases mode: offline | online | disabled."""
     progress_bar: bool = True
     """Show a progress bar with ETA and the key metrics."""
+    progress_lines: bool = False
+    """With progress_bar: one plain line per step instead of a bar (log files, runs sharing a terminal)."""
+    progress_label: str = "train"
+    """The label of the progress bar or lines."""
     plot_every: int = 0
     """Write PNG plots every N steps (0 = only at the end)."""
     plot_at_end: bool = True

@@ -688,7 +688,11 @@ class RLTrainer:
             with contextlib.suppress(ValueError):  # not in the main thread
                 old_handlers[sig] = signal.signal(sig, self._on_signal)
         bar = ProgressBar(
-            self.tcfg.total_steps, initial=self.step, enabled=is_main and self.tcfg.progress_bar
+            self.tcfg.total_steps,
+            initial=self.step,
+            enabled=is_main and self.tcfg.progress_bar,
+            lines=self.tcfg.progress_lines,
+            label=self.tcfg.progress_label,
         )
         summary: dict[str, Any] = {"out_dir": str(self.out_dir)}
         last: dict[str, float] = {}

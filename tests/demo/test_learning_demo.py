@@ -25,19 +25,37 @@ def test_no_search_backend_finds_nothing():
     assert NoSearch().search(["Alice Verdan", "Borvik"], topk=3) == [[], []]
 
 
-def test_tiny_run_writes_the_summary_with_both_runs(tmp_path, tiny_model_dir):
+def tiny_settings(model_dir) -> DemoSettings:
     nq_folder = flashrag_sample()
-    settings = DemoSettings(
+    return DemoSettings(
         seeds=(3,),
         num_test=4,
-        model=str(tiny_model_dir),
+        model=str(model_dir),
         template="base",
         zero_shot_template="base",
         nq_sample=str(nq_folder) if nq_folder else "",
         overrides=TINY_RL,
         world={"num_entities": 40},
     )
-    summary = run_learning_demo(tmp_path, settings, log=lambda s: None)
+
+
+@pytest.fixture(scope="module")
+def tiny_demo(tmp_path_factory, tiny_model_dir):
+    """The tiny demo run once, one process, one thread: (its folder, its summary)."""
+    import torch
+
+    out = tmp_path_factory.mktemp("demo")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return out, run_learning_demo(out, tiny_settings(tiny_model_dir), log=lambda s: None)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_tiny_run_writes_the_summary_with_both_runs(tiny_demo, tiny_model_dir):
+    nq_folder = flashrag_sample()
+    tmp_path, summary = tiny_demo
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     row = on_disk["seeds"]["3"]
     for key in ("em_before", "em_after", "searches_before", "searches_after"):
@@ -144,3 +162,19 @@ def test_searchr1_demo_runs_the_learning_demo(tmp_path, capsys):
     assert main(["demo", "--quick", "--out", str(tmp_path), "--algorithm", "nope"]) == 2
     assert "--algorithm" in capsys.readouterr().err
     assert (tmp_path / "prompt.json").is_file()
+
+
+def test_parallel_runs_give_the_serial_summary(tmp_path, tiny_demo, tiny_model_dir):
+    """``--jobs 2``: the runs go to two worker processes (one thread each) and the summary holds exactly
+    the numbers of the one-process run with one thread (same seeds, same arithmetic)."""
+    from dataclasses import replace
+
+    serial = tiny_demo[1]
+    parallel = run_learning_demo(tmp_path, replace(tiny_settings(tiny_model_dir), jobs=2), log=lambda s: None)
+    a, b = serial["seeds"]["3"], parallel["seeds"]["3"]
+    assert list(b["runs"]) == list(a["runs"]) == ["search", "no_search", "zero_shot"]
+    compared = [k for k in a if k not in ("runs", "no_search") and "seconds" not in k]
+    assert len(compared) > 20
+    for key in compared:
+        assert b[key] == a[key], key
+    assert b["runs"]["search"].get("nq") == a["runs"]["search"].get("nq")

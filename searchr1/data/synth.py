@@ -523,7 +523,8 @@ def generate_world(cfg: SynthConfig | None = None) -> World:
     splits: dict[str, list[dict[str, Any]]] = {}
     for split in SPLITS:
         mix = cfg.train_hop_mix if split == "train" and cfg.train_hop_mix is not None else cfg.hop_mix
-        rows = _sample_split(per_split[split], sizes[split], mix, q_rng)
+        split_rng = random.Random(f"{cfg.seed}/{split}")  # a split's questions do not depend on another's knobs
+        rows = _sample_split(per_split[split], sizes[split], mix, split_rng)
         splits[split] = [{"id": f"{split}_{i}", **q} for i, q in enumerate(rows)]
     return World(config=cfg, entities=ents, corpus=corpus, splits=splits)
 

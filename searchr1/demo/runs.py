@@ -159,7 +159,14 @@ def one_run(
     log(f"  before: {_line(evals['before'], test, out / 'eval_before')}")
     nq_before = _evaluate_nq(trainer, nq, out / "eval_nq_before", prompt_path, seed)
     result = trainer.train()
-    evals["after"] = evaluate_policy(trainer, test, out / "eval_after", str(prompt_path), seed)
+    if result.get("updates", 1):
+        evals["after"] = evaluate_policy(trainer, test, out / "eval_after", str(prompt_path), seed)
+    else:  # the policy never changed: greedy decoding gives the same trajectories again
+        import shutil
+
+        shutil.copytree(out / "eval_before", out / "eval_after", dirs_exist_ok=True)
+        evals["after"] = evals["before"]
+        log("  no update was made (every group's rewards were equal): the policy is the starting one")
     log(f"  after:  {_line(evals['after'], test, out / 'eval_after')}")
     nq_after = _evaluate_nq(trainer, nq, out / "eval_nq_after", prompt_path, seed)
     curve = reward_curve(out / "metrics.jsonl")
@@ -173,6 +180,7 @@ def one_run(
         "reward_last": curve[-1] if curve else math.nan,
         "reward_curve": curve,
         "steps": result.get("step"),
+        "updates": result.get("updates"),
         "health": result.get("health", []),
         "plots": result.get("plots", []),
         "seconds": time.perf_counter() - t0,

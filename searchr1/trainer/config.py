@@ -130,6 +130,8 @@ class TrainerConfig:
     """Write PNG plots every N steps (0 = only at the end)."""
     plot_at_end: bool = True
     """Write PNG plots (plots/overview.png, ...) when the run ends."""
+    stop_without_signal: int = 0
+    """Stop (with a checkpoint) after this many steps in a row in which every group's rewards were all equal: a policy that never earns a different reward learns nothing from more of the same (0 = never)."""
     max_nonfinite_in_a_row: int = 5
     """Stop (with a checkpoint) after this many consecutive steps with a non-finite loss or gradient."""
     shuffle: bool = True
@@ -165,6 +167,8 @@ class TrainerConfig:
             raise ValueError("trainer.adam_betas must hold two numbers")
         if self.keep_last < 1:
             raise ValueError("trainer.keep_last must be >= 1")
+        if self.stop_without_signal < 0:
+            raise ValueError("trainer.stop_without_signal must be >= 0")
         if self.max_nonfinite_in_a_row < 1:
             raise ValueError("trainer.max_nonfinite_in_a_row must be >= 1")
         if self.keep_best not in ("none", "val_em"):

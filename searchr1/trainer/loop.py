@@ -113,6 +113,10 @@ class RLTrainer:
             cfg.rollout.max_search_failure_rate, cfg.rollout.search_failure_window
         )
         self.health = CollapseMonitor()
+        self.steps_without_signal = 0
+        """Consecutive steps in which every group's rewards were all equal (``trainer.stop_without_signal``)."""
+        self.updates = 0
+        """Steps whose policy update ran (the policy can only have changed if this is > 0)."""
         self.best_val: dict[str, float] | None = None
         """``{"step", "em"}`` of the best validation so far (``trainer.keep_best``)."""
         self._stop_signal: int | None = None
@@ -225,6 +229,8 @@ class RLTrainer:
         self.nonfinite_total = int(state.get("nonfinite_total", 0))
         self.algo_state = dict(state.get("algo_state", {}))
         self.health.load_state_dict(state.get("health", {}))
+        self.steps_without_signal = int(state.get("steps_without_signal", 0))
+        self.updates = int(state.get("updates", self.step))
         self.best_val = state.get("best_val")
         kept = checkpoint.best_checkpoint(self.out_dir)  # a best written after this checkpoint still counts
         if kept is not None and (self.best_val is None or kept[1]["em"] > self.best_val["em"]):
@@ -508,6 +514,9 @@ class RLTrainer:
             metrics["critic/lr"] = self.critic_scheduler.get_last_lr()[0]
         metrics["actor/kl"] = metrics.get("rollout/ref_kl", 0.0)
         metrics["actor/updated"] = float(update_actor)
+        self.updates += int(update_actor)
+        no_signal = metrics.get("rollout/flat_groups", 0.0) >= 1.0
+        self.steps_without_signal = self.steps_without_signal + 1 if no_signal else 0
         metrics["timing/rollout"] = t_rollout
         metrics["timing/update"] = t_update
         metrics["timing/step"] = time.perf_counter() - t_step
@@ -637,6 +646,8 @@ class RLTrainer:
                 "algo_state": self.algo_state,
                 "world_size": self.dist.world_size,
                 "health": self.health.state_dict(),
+                "steps_without_signal": self.steps_without_signal,
+                "updates": self.updates,
                 "best_val": self.best_val,
             }
 
@@ -737,6 +748,15 @@ class RLTrainer:
                     bar.write(f"signal received: checkpoint written at step {self.step} ({path}); stopping")
                     summary["interrupted"] = True
                     break
+                quiet = self.tcfg.stop_without_signal
+                if quiet and self.steps_without_signal >= quiet:
+                    self.save()
+                    bar.write(
+                        f"stopping at step {self.step}: in {quiet} steps in a row every group's rewards were all "
+                        "equal, so there was nothing to learn from (trainer.stop_without_signal)"
+                    )
+                    summary["stopped_without_signal"] = self.step
+                    break
                 if self.tcfg.save_every and self.step % self.tcfg.save_every == 0:
                     self.save()
                 if is_main and self.tcfg.plot_every and self.step % self.tcfg.plot_every == 0:
@@ -755,7 +775,7 @@ class RLTrainer:
                     signal.signal(sig, handler)
         if is_main and self.tcfg.plot_at_end:
             summary["plots"] = [str(p) for p in self._plots()]
-        summary.update(step=self.step, last=last, first_val=first_val)
+        summary.update(step=self.step, last=last, first_val=first_val, updates=self.updates)
         summary["health"] = [a.__dict__ for a in self.health.alerts]
         summary["best"] = self.best_val
         latest = checkpoint.latest_checkpoint(self.out_dir)

@@ -136,3 +136,14 @@ def test_llds_in_an_update_with_two_epochs(world, tiny_model_dir, tmp_path):
     rows = rlworld.read_metrics(tmp_path / "run")
     assert all(r["actor/llds_loss"] >= 0.0 for r in rows)
     assert any(r["actor/llds_loss"] > 0.0 for r in rows)  # the second epoch sees a moved policy
+
+
+def test_stop_without_signal_ends_a_run_that_cannot_learn(world, tiny_model_dir, tmp_path):
+    cfg = rlworld.load(
+        world, tiny_model_dir, tmp_path / "run",
+        reward__components={"rlworld:constant_reward": 1.0}, algorithm__filter_groups=True,
+        trainer__total_steps=6, trainer__stop_without_signal=2,
+    )  # fmt: skip
+    summary = RLTrainer(cfg).train()
+    assert summary["step"] == 2 and summary["stopped_without_signal"] == 2 and summary["updates"] == 0
+    assert checkpoint.latest_checkpoint(tmp_path / "run").name == "step_000002"

@@ -72,9 +72,12 @@ class NoSearch:
 
 
 def build_world(seed: int, settings: DemoSettings, folder: Path) -> tuple[Any, dict[str, Path]]:
+    """The seed's world; its test split holds the ``num_test`` questions evaluated, drawn in the
+    world's ``hop_mix`` (a larger split would fill up with two-hop questions once the single-hop ones
+    about test entities run out)."""
     from searchr1.data.synth import SynthConfig, generate_world, write_world
 
-    world = generate_world(SynthConfig(seed=seed, **settings.world))
+    world = generate_world(SynthConfig(seed=seed, **{"num_test": settings.num_test, **settings.world}))
     return world, write_world(world, folder)
 
 

@@ -66,6 +66,7 @@ PATHS: dict[str, list[str]] = {
         "rollout.fast_decode=false",
         "trainer.on_policy_logprobs=false",
         "trainer.share_prompt_prefix=false",
+        "trainer.fused_update=false",
         *KL,
     ],
     "fast": [*LORA, *NO_KL, *FAST_MICRO],

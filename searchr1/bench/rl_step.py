@@ -67,6 +67,7 @@ PATHS: dict[str, list[str]] = {
         "trainer.on_policy_logprobs=false",
         "trainer.share_prompt_prefix=false",
         "trainer.fused_update=false",
+        "trainer.adaptive_threads=false",
         *KL,
     ],
     "fast": [*LORA, *NO_KL, *FAST_MICRO],

@@ -73,6 +73,9 @@ class TrainerConfig:
     share_prompt_prefix: bool = True
     """Run the prompt tokens that every row of a micro-batch starts with once (a group's prompt, or an
     instruction all prompts share) and let the rows attend to them as a cache; off: every row computes them."""
+    adaptive_threads: bool = True
+    """On a CPU, use fewer torch threads while other processes keep cores busy (re-measured every half second
+    during the rollout and the update; searchr1.threads); off: the thread count stays as set."""
     fused_update: bool = True
     """Run the policy's log-prob passes and update of Llama-family models (Llama, Qwen2, Mistral) through
     searchr1's functional decoder: merged LoRA weights, fused projections, matmul attention, and with

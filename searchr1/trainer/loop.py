@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import yaml
 
+from searchr1 import threads
 from searchr1.algorithms.advantages import compute_advantages, scores_to_token_rewards
 from searchr1.algorithms.aggregation import masked_mean
 from searchr1.algorithms.kl import AdaptiveKLController
@@ -134,6 +135,7 @@ class RLTrainer:
             return
 
         torch.manual_seed(self.cfg.seed)
+        threads.configure(self.tcfg.adaptive_threads and self.device.type == "cpu")
         if self.dist.is_main:  # the world and the converted model are written once, by rank 0
             components.prepare_files(
                 self.cfg,

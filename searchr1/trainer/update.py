@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from searchr1 import threads
 from searchr1.algorithms.aggregation import AggNorms, agg_loss
 from searchr1.algorithms.config import AlgorithmConfig
 from searchr1.algorithms.policy_losses import compute_policy_loss, value_loss
@@ -162,6 +163,7 @@ def _optimizer_step(mini: Experience, s: _Step, sums: MetricSums) -> bool:
     prefix_owner = _begin_shared_prefix(mini, s)
     try:
         for i, rows in enumerate(mbs):
+            threads.adapt()  # fewer torch threads while other processes keep cores busy (searchr1.threads)
             mb = mini.select(rows).to(s.device)
             last = i == len(mbs) - 1
             for _, model, _, loss_fn in trained:

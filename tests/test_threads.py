@@ -24,6 +24,7 @@ class Clock:
 
 @pytest.fixture
 def machine(monkeypatch):
+    threads.configure(False)  # a governor a trainer test left installed
     clock = Clock()
     set_to: list[int] = []
     monkeypatch.setattr(threads, "_busy_seconds", lambda cpus: clock.busy)
@@ -31,7 +32,8 @@ def machine(monkeypatch):
     monkeypatch.setattr(threads.time, "monotonic", lambda: clock.wall)
     monkeypatch.setattr(threads.time, "process_time", lambda: clock.own)
     monkeypatch.setattr(torch, "set_num_threads", set_to.append)
-    return clock, set_to
+    yield clock, set_to
+    threads._GOVERNOR = None
 
 
 def test_one_thread_while_another_process_takes_a_core_and_two_after(machine):

@@ -49,12 +49,15 @@ MAY_IMPORT = {
     "searchr1.data": {"searchr1.errors"},
     "searchr1.retrieval": {"searchr1.errors"},
     # rollout/records.py scores a finished trajectory with the rewards' answer parsing
-    "searchr1.rollout": {"searchr1.data", "searchr1.retrieval", "searchr1.rewards", "searchr1.models", "searchr1.precision"},
+    "searchr1.rollout": {
+        "searchr1.data", "searchr1.retrieval", "searchr1.rewards", "searchr1.models", "searchr1.precision",
+        "searchr1.threads",
+    },
     "searchr1.rewards": {"searchr1.data"},
     "searchr1.algorithms": set(),
     "searchr1.trainer": {
         "searchr1.data", "searchr1.retrieval", "searchr1.rollout", "searchr1.rewards", "searchr1.algorithms",
-        "searchr1.config", "searchr1.models", "searchr1.precision", "searchr1.errors",
+        "searchr1.config", "searchr1.models", "searchr1.precision", "searchr1.errors", "searchr1.threads",
     },
     "searchr1.evaluation": {
         "searchr1.data", "searchr1.retrieval", "searchr1.rollout", "searchr1.rewards",
@@ -68,6 +71,7 @@ MAY_IMPORT = {
     },
     "searchr1.models": {"searchr1.errors"},
     "searchr1.precision": set(),
+    "searchr1.threads": set(),
     "searchr1.errors": set(),
 }  # fmt: skip
 """What each library package may import. Not listed, so unchecked: the command-line layer (``cli``:

@@ -73,6 +73,14 @@ class TrainerConfig:
     share_prompt_prefix: bool = True
     """Run the prompt tokens that every row of a micro-batch starts with once (a group's prompt, or an
     instruction all prompts share) and let the rows attend to them as a cache; off: every row computes them."""
+    adaptive_threads: bool = True
+    """On a CPU, use fewer torch threads while other processes keep cores busy (re-measured every half second
+    during the rollout and the update; searchr1.threads); off: the thread count stays as set."""
+    fused_update: bool = True
+    """Run the policy's log-prob passes and update of Llama-family models (Llama, Qwen2, Mistral) through
+    searchr1's functional decoder: merged LoRA weights, fused projections, matmul attention, and with
+    `share_prompt_prefix` the prompt prefix of a whole optimizer step computed once. Off, or for other
+    models: the Hugging Face modules."""
     on_policy_logprobs: bool = True
     """When the update is on-policy (one epoch, one mini-batch, no KL in the reward) take the old log-probs
     from the update's own forward pass (detached) instead of a separate pass over the batch."""

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import yaml
 
+from searchr1 import threads
 from searchr1.algorithms.advantages import compute_advantages, scores_to_token_rewards
 from searchr1.algorithms.aggregation import masked_mean
 from searchr1.algorithms.kl import AdaptiveKLController
@@ -149,6 +150,7 @@ class RLTrainer:
             return
 
         torch.manual_seed(self.cfg.seed)
+        threads.configure(self.tcfg.adaptive_threads and self.device.type == "cpu")
         if self.dist.is_main:  # the world and the converted model are written once, by rank 0
             components.prepare_files(
                 self.cfg,
@@ -174,7 +176,9 @@ class RLTrainer:
         if self.lora and self.cfg.model.bf16_autocast and fast_bf16(self.device):
             frozen_linears_to_bf16(self.policy)
         self.actor = wrap_model(
-            adapters.PolicyLogprobs(self.policy, share_prefix=self.tcfg.share_prompt_prefix),
+            adapters.PolicyLogprobs(
+                self.policy, share_prefix=self.tcfg.share_prompt_prefix, fused=self.tcfg.fused_update
+            ),
             self.dist,
             self.tcfg.strategy,
             self.device,
@@ -328,7 +332,8 @@ class RLTrainer:
         model = self.policy if self.lora else self.reference
         with self._reference_context():
             share = self.tcfg.share_prompt_prefix
-            return self._per_token(adapters.PolicyLogprobs(model, share_prefix=share), exp, "logprobs")
+            module = adapters.PolicyLogprobs(model, share_prefix=share, fused=self.tcfg.fused_update)
+            return self._per_token(module, exp, "logprobs")
 
     def make_experience(self, trajs: list[Any], groups: list[int]) -> tuple[Experience, dict[str, float]]:
         """Rewards, old / reference log-probs, values and advantages of a rollout batch."""

@@ -69,6 +69,7 @@ MAY_IMPORT = {
     "searchr1.models": {"searchr1.errors"},
     "searchr1.precision": set(),
     "searchr1.errors": set(),
+    "searchr1.registry": set(),
 }  # fmt: skip
 """What each library package may import. Not listed, so unchecked: the command-line layer (``cli``:
 ``searchr1.cli``, ``*.cli``), the benchmarks and the demos, which sit on top and may import anything."""

@@ -49,6 +49,8 @@ class Registry(Mapping[str, T]):
     def register(self, name: str, *aliases: str, override: bool = False, **traits: Any) -> Callable[[E], E]:
         """Decorator: register the decorated object under ``name`` (and ``aliases``), with ``traits``."""
 
+        self._traits_info(name, traits)  # a mistyped trait fails here, at the decorator's line
+
         def deco(entry: E) -> E:
             self.add(name, entry, *aliases, override=override, **traits)
             return entry
@@ -58,9 +60,7 @@ class Registry(Mapping[str, T]):
     def add(self, name: str, entry: Any, *aliases: str, override: bool = False, **traits: Any) -> None:
         """Register ``entry`` under ``name`` (and ``aliases``). A name taken by another entry is a
         ``ValueError`` unless ``override``; traits this registry does not know are a ``TypeError``."""
-        if traits and self.traits_type is None:
-            raise TypeError(f"{self.kind} '{name}': this registry takes no traits, got {sorted(traits)}")
-        info = self.traits_type(**traits) if self.traits_type is not None else None
+        info = self._traits_info(name, traits)
         for key in (name, *aliases):
             old = self._entries.get(key)
             if old is not None and old is not entry and not override:
@@ -70,6 +70,11 @@ class Registry(Mapping[str, T]):
         for key in (name, *aliases):
             self._entries[key] = entry
             self._traits[key] = info
+
+    def _traits_info(self, name: str, traits: dict[str, Any]) -> Any:
+        if traits and self.traits_type is None:
+            raise TypeError(f"{self.kind} '{name}': this registry takes no traits, got {sorted(traits)}")
+        return self.traits_type(**traits) if self.traits_type is not None else None
 
     def remove(self, name: str) -> T:
         """Unregister ``name`` and return its entry (``KeyError`` if it is not registered)."""

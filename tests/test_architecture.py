@@ -51,7 +51,7 @@ MAY_IMPORT = {
     # rollout/records.py scores a finished trajectory with the rewards' answer parsing
     "searchr1.rollout": {"searchr1.data", "searchr1.retrieval", "searchr1.rewards", "searchr1.models", "searchr1.precision"},
     "searchr1.rewards": {"searchr1.data"},
-    "searchr1.algorithms": set(),
+    "searchr1.algorithms": {"searchr1.registry"},
     "searchr1.trainer": {
         "searchr1.data", "searchr1.retrieval", "searchr1.rollout", "searchr1.rewards", "searchr1.algorithms",
         "searchr1.config", "searchr1.models", "searchr1.precision", "searchr1.errors",

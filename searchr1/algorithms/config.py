@@ -92,18 +92,13 @@ class AlgorithmConfig:
 
     def validate(self, root: Any = None) -> None:
         """Check registry names and numeric ranges; errors name the dotted key."""
-        registry.ensure_builtins()
         for key, reg in (
             ("advantage", registry.ADVANTAGE_ESTIMATORS),
             ("policy_loss", registry.POLICY_LOSSES),
             ("loss_agg", registry.LOSS_AGGREGATIONS),
             ("kl_estimator", registry.KL_ESTIMATORS),
         ):
-            name = getattr(self, key)
-            if name not in reg:
-                raise ValueError(
-                    f"algorithm.{key}: unknown {reg.kind} '{name}'; registered: {', '.join(reg.names())}"
-                )
+            reg.check(getattr(self, key))
         checks = [
             ("gamma", 0.0 <= self.gamma <= 1.0, "must be in [0, 1]"),
             ("lam", 0.0 <= self.lam <= 1.0, "must be in [0, 1]"),

@@ -69,7 +69,7 @@ def test_a_user_estimator_is_selected_by_config_without_touching_the_trainer():
         adv, _ = compute_advantages(torch.tensor([-3.0, 2.0]), torch.ones(2, 2), cfg)
         assert adv.tolist() == [[-1.0, -1.0], [1.0, 1.0]]
     finally:
-        registry.ADVANTAGE_ESTIMATORS.pop("test_sign")
+        registry.ADVANTAGE_ESTIMATORS.remove("test_sign")
     with pytest.raises(ConfigError, match="test_sign"):
         load_config(overrides=["algorithm.advantage=test_sign"])
 
@@ -111,7 +111,7 @@ def test_a_user_estimator_declares_its_group_size_and_critic():
         assert registry.advantage_traits("test_triples").needs_critic
         assert registry.advantage_traits("test_triples").group_size_needed(None) == 1
     finally:
-        registry.ADVANTAGE_ESTIMATORS.pop("test_triples")
+        registry.ADVANTAGE_ESTIMATORS.remove("test_triples")
     with pytest.raises(TypeError):
         registry.register_advantage("test_typo", needs_critics=True)
     with pytest.raises(TypeError, match="takes no traits"):

@@ -50,7 +50,7 @@ MAY_IMPORT = {
     "searchr1.retrieval": {"searchr1.errors"},
     # rollout/records.py scores a finished trajectory with the rewards' answer parsing
     "searchr1.rollout": {"searchr1.data", "searchr1.retrieval", "searchr1.rewards", "searchr1.models", "searchr1.precision"},
-    "searchr1.rewards": {"searchr1.data"},
+    "searchr1.rewards": {"searchr1.data", "searchr1.registry"},
     "searchr1.algorithms": {"searchr1.registry"},
     "searchr1.trainer": {
         "searchr1.data", "searchr1.retrieval", "searchr1.rollout", "searchr1.rewards", "searchr1.algorithms",

@@ -68,9 +68,8 @@ class RewardConfig:
                 module, _, func = name.partition(":")
                 if not module or not func:
                     raise ValueError(f"reward.components.{name}: a user reward is given as module:function")
-            elif name not in REWARD_COMPONENTS:
-                known = ", ".join(sorted(REWARD_COMPONENTS))
-                raise ValueError(f"reward.components.{name}: unknown reward component; known: {known}")
+            else:
+                REWARD_COMPONENTS.check(name)
         if self.answer_metric not in ("em", "subem", "f1"):
             raise ValueError(f"reward.answer_metric: expected em | subem | f1, got {self.answer_metric!r}")
         if self.normalization not in ("squad", "unicode"):

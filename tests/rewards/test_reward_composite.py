@@ -159,7 +159,9 @@ def test_user_reward_function(tmp_path, monkeypatch):
 
 
 def test_config_errors_name_the_key():
-    with pytest.raises(ValueError, match=r"reward\.components\.exact_mach: unknown reward component"):
+    with pytest.raises(
+        ValueError, match=r"reward\.components: unknown reward component 'exact_mach'; known: .*exact_match"
+    ):
         RewardConfig.from_simple({"exact_mach": 1.0})
     with pytest.raises(ValueError, match=r"reward\.answer_metric"):
         RewardConfig(answer_metric="bleu").validate(None)

@@ -47,7 +47,7 @@ PACKAGE_CYCLES_ALLOWED = {
 MAY_IMPORT = {
     # in data-path order; each package may import the ones listed (in-function imports counted)
     "searchr1.data": {"searchr1.errors"},
-    "searchr1.retrieval": {"searchr1.errors"},
+    "searchr1.retrieval": {"searchr1.errors", "searchr1.registry"},
     # rollout/records.py scores a finished trajectory with the rewards' answer parsing
     "searchr1.rollout": {"searchr1.data", "searchr1.retrieval", "searchr1.rewards", "searchr1.models", "searchr1.precision"},
     "searchr1.rewards": {"searchr1.data", "searchr1.registry"},

@@ -6,9 +6,6 @@ from dataclasses import dataclass, field
 
 from searchr1.retrieval.base import RETRIEVERS
 
-WEB_BACKENDS = ("serpapi", "google", "serper", "brave", "bing")
-LOCAL_BACKENDS = ("bm25", "dense", "hybrid", "rerank", "http")
-
 
 @dataclass
 class RetrievalConfig:
@@ -75,11 +72,7 @@ class RetrievalConfig:
     """Bearer token sent to the retrieval server (null: env SEARCHR1_API_KEY)."""
 
     def validate(self, root: object) -> None:
-        known = (*LOCAL_BACKENDS, *WEB_BACKENDS)
-        if self.backend not in known and self.backend not in RETRIEVERS:
-            raise ValueError(
-                f"retrieval.backend: unknown backend {self.backend!r}; known: {', '.join(known)}"
-            )
+        RETRIEVERS.check(self.backend)
         if self.topk < 1:
             raise ValueError("retrieval.topk must be >= 1")
         if self.cache_size < 0:

@@ -31,8 +31,6 @@ from searchr1.trainer.configs import resolve_config_path
 
 __all__ = ["ALGORITHM_PRESETS", "KNOWN_ALGORITHMS", "SearchR1Trainer"]
 
-LOCAL_BACKENDS = ("bm25", "dense", "hybrid", "rerank")
-
 
 def _override(key: str, value: Any) -> str:
     text = value if isinstance(value, str) else yaml.safe_dump(value, default_flow_style=True).strip()

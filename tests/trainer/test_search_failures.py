@@ -60,12 +60,13 @@ def backends():
         made["flaky"] = FailEveryOther(cfg.corpus)
         return made["flaky"]
 
-    RETRIEVERS["test_fail_every_other"] = flaky
-    RETRIEVERS["test_hanging"] = lambda cfg: Hanging()
+    RETRIEVERS.add("test_fail_every_other", flaky)
+    RETRIEVERS.add("test_hanging", lambda cfg: Hanging())
     Hanging.release.clear()
     yield made
     Hanging.release.set()  # let the hung worker threads finish
-    del RETRIEVERS["test_fail_every_other"], RETRIEVERS["test_hanging"]
+    RETRIEVERS.remove("test_fail_every_other")
+    RETRIEVERS.remove("test_hanging")
 
 
 @pytest.fixture(scope="module")

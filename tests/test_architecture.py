@@ -49,7 +49,10 @@ MAY_IMPORT = {
     "searchr1.data": {"searchr1.errors"},
     "searchr1.retrieval": {"searchr1.errors", "searchr1.registry"},
     # rollout/records.py scores a finished trajectory with the rewards' answer parsing
-    "searchr1.rollout": {"searchr1.data", "searchr1.retrieval", "searchr1.rewards", "searchr1.models", "searchr1.precision"},
+    "searchr1.rollout": {
+        "searchr1.data", "searchr1.retrieval", "searchr1.rewards", "searchr1.models", "searchr1.precision",
+        "searchr1.registry",
+    },
     "searchr1.rewards": {"searchr1.data", "searchr1.registry"},
     "searchr1.algorithms": {"searchr1.registry"},
     "searchr1.trainer": {

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from searchr1.rollout.registry import ENGINES, engine_names
+from searchr1.rollout.registry import ENGINES
 
 
 @dataclass
@@ -62,11 +62,10 @@ class RolloutConfig:
 
     def validate(self, root: Any) -> None:
         if self.dtype not in ("auto", "model", "float32", "bfloat16", "float16"):
-            raise ValueError(f"rollout.dtype: expected auto | model | float32 | bfloat16 | float16, got {self.dtype!r}")
-        if self.engine not in ENGINES:
             raise ValueError(
-                f"rollout.engine: unknown engine {self.engine!r}; registered: {', '.join(engine_names())}"
+                f"rollout.dtype: expected auto | model | float32 | bfloat16 | float16, got {self.dtype!r}"
             )
+        ENGINES.check(self.engine)
         positive = ("n", "max_turn_tokens", "max_obs_tokens", "max_response_tokens", "max_query_chars")
         for name in (*positive, "search_workers", "max_batch_rows"):
             if getattr(self, name) < 1:

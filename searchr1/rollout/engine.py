@@ -89,12 +89,3 @@ def rollout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     for reason, count in sorted(reasons.items()):
         metrics[f"rollout/finish_{reason or 'unknown'}_frac"] = count / n
     return metrics
-
-
-def __getattr__(name: str) -> Any:
-    """``from searchr1.rollout.engine import HFRolloutEngine`` works (imported lazily)."""
-    if name in ("HFRolloutEngine", "TurnSyncRolloutEngine"):
-        from searchr1.rollout import hf
-
-        return getattr(hf, name)
-    raise AttributeError(f"module 'searchr1.rollout.engine' has no attribute {name!r}")

@@ -110,10 +110,12 @@ def retriever(world_files):
 
 
 def agent_engine(tiny, retriever):
-    from searchr1.rollout.engine import HFRolloutEngine
+    from searchr1.rollout.hf import HFRolloutEngine
 
     model, tok = tiny
-    cfg = RolloutConfig(max_turns=2, max_turn_tokens=32, max_obs_tokens=48, max_response_tokens=256, dtype="model")
+    cfg = RolloutConfig(
+        max_turns=2, max_turn_tokens=32, max_obs_tokens=48, max_response_tokens=256, dtype="model"
+    )
     return HFRolloutEngine(
         model, tok, retriever, cfg, topk=2, steer=ScriptBySample(tok)
     )  # fresh per engine: plans are cached

@@ -12,8 +12,9 @@ from rollout_doubles import ScriptedRetriever
 from searchr1.data.prompts import INVALID_ACTION_MESSAGE, wrap_information
 from searchr1.retrieval.base import SearchError
 from searchr1.rollout.config import RolloutConfig
-from searchr1.rollout.engine import HFRolloutEngine, TurnSyncRolloutEngine, expand_groups, rollout_metrics
+from searchr1.rollout.engine import expand_groups, rollout_metrics
 from searchr1.rollout.episode import SEARCH_FAILED_TEXT
+from searchr1.rollout.hf import HFRolloutEngine, TurnSyncRolloutEngine
 from searchr1.rollout.sampling import SamplingParams
 from searchr1.rollout.steer import ScriptedTurns, make_script
 from searchr1.rollout.types import Role
@@ -308,7 +309,9 @@ def test_unsteered_sampling_respects_top_k_1(tiny):
     """top_k=1 sampling is greedy decoding."""
     _, tok = tiny
     model = tiny[0]
-    eng = HFRolloutEngine(model, tok, ScriptedRetriever(), RolloutConfig(max_turn_tokens=12, max_turns=1, dtype="model"))
+    eng = HFRolloutEngine(
+        model, tok, ScriptedRetriever(), RolloutConfig(max_turn_tokens=12, max_turns=1, dtype="model")
+    )
     with eng:
         a = eng.generate(prompts_of(tok, 2), sampling=SamplingParams(top_k=1), seed=0)
         b = eng.generate(prompts_of(tok, 2), sampling=SamplingParams.greedy_eval(), seed=1)

@@ -23,6 +23,7 @@ import yaml
 
 from searchr1.algorithms.config import AlgorithmConfig
 from searchr1.data.config import DataConfig
+from searchr1.plugins import check_names, check_traits, known_names
 from searchr1.retrieval.config import RetrievalConfig
 from searchr1.rewards.config import RewardConfig
 from searchr1.rollout.config import RolloutConfig
@@ -224,29 +225,41 @@ def load_config(
     return cfg
 
 
-def validate(cfg: Any, root: Any | None = None, prefix: str = "") -> None:
-    """Call ``validate(root)`` on every section that defines it (cross-field checks).
+def validate(cfg: Any) -> None:
+    """Check an assembled config: every registered name it gives (``searchr1.plugins.check_names``),
+    then each section's own ``validate(root)``, then what the named entries need of the rest
+    (``check_traits``). Every error is a ``ConfigError`` naming the dotted key."""
+    whole = isinstance(cfg, SearchR1Config)
+    if whole:
+        _as_config_error(check_names, cfg)
+    _validate_sections(cfg, cfg)
+    if whole:
+        _as_config_error(check_traits, cfg)
 
-    A section's ``validate`` raises ``ConfigError`` (or ``ValueError``, re-raised as ``ConfigError``)
-    with the dotted key in the message.
-    """
-    root = cfg if root is None else root
+
+def _validate_sections(cfg: Any, root: Any) -> None:
+    """Call ``validate(root)`` on every section that defines it, innermost first."""
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
         if dataclasses.is_dataclass(value):
-            validate(value, root, _join(prefix, f.name))
+            _validate_sections(value, root)
     check = getattr(cfg, "validate", None)
     if callable(check):
-        try:
-            check(root)
-        except ConfigError:
-            raise
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from exc
+        _as_config_error(check, root)
+
+
+def _as_config_error(check: Any, arg: Any) -> None:
+    try:
+        check(arg)
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def describe(cls: type = SearchR1Config, prefix: str = "") -> list[tuple[str, str, str]]:
-    """(dotted key, default, doc) for every leaf field: the documentation behind ``--help``."""
+    """(dotted key, default, doc) for every leaf field: what ``searchr1 train --list-keys`` prints. A key
+    that names a registered entry lists the registered names (built-ins and plugins)."""
     import ast
     import inspect
 
@@ -278,5 +291,9 @@ def describe(cls: type = SearchR1Config, prefix: str = "") -> list[tuple[str, st
             default = repr(f.default_factory())  # type: ignore[misc]
         else:
             default = "(required)"
-        rows.append((key, default, docs.get(f.name, "")))
+        doc = docs.get(f.name, "")
+        known = known_names(key)
+        if known is not None:
+            doc = f"{doc} Registered: {', '.join(known)}."
+        rows.append((key, default, doc))
     return rows

@@ -67,7 +67,11 @@ MAY_IMPORT = {
     # the config tree: one section from each package that has one
     "searchr1.config": {
         "searchr1.data", "searchr1.retrieval", "searchr1.rollout", "searchr1.rewards", "searchr1.algorithms",
-        "searchr1.trainer",
+        "searchr1.trainer", "searchr1.plugins",
+    },
+    # the registries of every kind a user extends, and the import of plugin modules
+    "searchr1.plugins": {
+        "searchr1.retrieval", "searchr1.rollout", "searchr1.rewards", "searchr1.algorithms", "searchr1.registry",
     },
     "searchr1.models": {"searchr1.errors"},
     "searchr1.precision": set(),
@@ -391,6 +395,36 @@ def test_in_function_imports_are_for_heavy_dependencies(source):
         and i.source not in LAZY_LIGHT_IMPORTS_ALLOWED
     ]
     assert not needless, "\n".join(needless)
+
+
+REGISTRY_MODULES = {
+    "searchr1.registry",
+    "searchr1.algorithms.registry",
+    "searchr1.rewards.registry",
+    "searchr1.retrieval.base",
+    "searchr1.rollout.registry",
+}
+"""The modules that hold a ``Registry`` (``searchr1.plugins.NAMED_KEYS`` lists them by config key)."""
+
+
+def test_config_sections_import_no_registry(source):
+    """A section (``<package>.config``) checks its own values; the registered names are checked where
+    the config is assembled (``searchr1.config`` through ``searchr1.plugins``), after the plugins."""
+    known, imports = source
+    g = graph(imports, in_functions=True)
+    sections = sorted(m for m in known if m.endswith(".config") and m != "searchr1.config")
+    assert "searchr1.rollout.config" in sections and "searchr1.trainer.config" in sections
+    bad = []
+    for section in sections:
+        seen, todo = set(), [section]
+        while todo:
+            for target in g.get(todo.pop(), ()):
+                if target not in seen:
+                    seen.add(target)
+                    todo.append(target)
+        if seen & REGISTRY_MODULES:
+            bad.append(f"{section} imports {', '.join(sorted(seen & REGISTRY_MODULES))}")
+    assert not bad, "\n".join(bad)
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,8 @@
 Every subcommand shares the same tree (``SearchR1Config``); each package owns its section
 (``retrieval``, ``data``, ``rollout``, ``reward``, ``algorithm``, ``trainer``, ...), documented field by
 field. Loading is strict: an unknown key or a value of the wrong type raises ``ConfigError`` naming
-the dotted key, before any model or index is touched.
+the dotted key, before any model or index is touched. The modules listed under ``plugins`` are
+imported first, so the names they register are valid everywhere (``searchr1.plugins``).
 
     cfg = load_config("my_recipe.yaml", ["trainer.total_steps=200", "rollout.n=5"])
 """
@@ -14,7 +15,7 @@ import dataclasses
 import difflib
 import types
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
@@ -23,7 +24,7 @@ import yaml
 
 from searchr1.algorithms.config import AlgorithmConfig
 from searchr1.data.config import DataConfig
-from searchr1.plugins import check_names, check_traits, known_names
+from searchr1.plugins import PluginError, check_names, check_traits, import_plugins, known_names
 from searchr1.retrieval.config import RetrievalConfig
 from searchr1.rewards.config import RewardConfig
 from searchr1.rollout.config import RolloutConfig
@@ -40,6 +41,11 @@ class ConfigError(ValueError):
 class SearchR1Config:
     """The whole configuration tree shared by every subcommand."""
 
+    plugins: list[str] = field(default_factory=list)
+    """User modules imported before this config is checked (module names or .py files; `--plugin` adds
+    more): the reward components, algorithms, search backends and rollout engines they register can be
+    named in the config. A module not found on sys.path is looked for beside the config file, then in
+    the current folder."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The policy (and critic) model: hub id or local folder, dtype, LoRA."""
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
@@ -204,9 +210,13 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str], cls: type = 
 
 
 def load_config(
-    path: str | Path | None = None, overrides: Iterable[str] = (), cls: type[T] = SearchR1Config
+    path: str | Path | None = None,
+    overrides: Iterable[str] = (),
+    cls: type[T] = SearchR1Config,
+    plugins: Sequence[str] = (),
 ) -> T:
-    """Load ``cls`` from an optional YAML file plus dotted overrides, then run cross-field checks."""
+    """Load ``cls`` from an optional YAML file plus dotted overrides, import its plugins (the config's
+    ``plugins`` list, then ``plugins``: the ``--plugin`` flags), then run every check."""
     data: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
@@ -220,9 +230,24 @@ def load_config(
             raise ConfigError(f"config file {path} must hold a mapping at the top level")
         data = loaded
     apply_overrides(data, overrides, cls)
+    if cls is SearchR1Config:
+        data["plugins"] = _import_plugins(data.get("plugins"), plugins, path)
     cfg = from_dict(cls, data)
     validate(cfg)
     return cfg
+
+
+def _import_plugins(listed: Any, extra: Sequence[str], path: Path | None) -> list[str]:
+    """Import the config's plugins and the extra ones (once each, in order); returns them all, so that a
+    config written out (``config.yaml`` of a run) imports them again."""
+    names = _coerce([] if listed is None else listed, list[str], "plugins")
+    names += [p for p in extra if p not in names]
+    folders = [*([path.parent] if path is not None else []), Path.cwd()]
+    try:
+        import_plugins(names, folders)
+    except PluginError as exc:
+        raise ConfigError(str(exc)) from exc
+    return names
 
 
 def validate(cfg: Any) -> None:

@@ -51,18 +51,21 @@ class PluginError(ValueError):
     """A plugin module that cannot be found or fails while it is imported."""
 
 
-def import_plugins(names: Iterable[str], search_dirs: Sequence[str | Path] = ()) -> None:
+def import_plugins(names: Iterable[str], search_dirs: Sequence[str | Path] | None = None) -> None:
     """Import each plugin (a module name, or a ``.py`` file) so that what it registers can be named.
 
     A module name is imported as usual (``sys.path``); one that is not found there is looked up in
-    ``search_dirs`` (the config file's folder, then the current folder), which are then added to
-    ``sys.path`` so that the plugin's own imports work too. Importing a module twice does nothing.
+    ``search_dirs`` (default: the current folder; ``load_config`` passes the config file's folder
+    first), and its folder is then added to ``sys.path`` so that the plugin's own imports work too. A relative ``.py`` path is tried as given,
+    then in ``search_dirs``. Importing a plugin twice does nothing.
     """
+    folders = [Path(d) for d in search_dirs] if search_dirs is not None else [Path.cwd()]
     for name in names:
         if name.endswith(".py"):
-            _import_file(Path(name))
+            candidates = [Path(name)] + ([d / name for d in folders] if not Path(name).is_absolute() else [])
+            _import_file(next((c for c in candidates if c.is_file()), Path(name)))
         else:
-            _import_module(name, [Path(d) for d in search_dirs])
+            _import_module(name, folders)
 
 
 def _import_module(name: str, search_dirs: list[Path]) -> None:
@@ -151,10 +154,10 @@ def known_names(key: str) -> list[str] | None:
     return registry.names() if registry is not None else None
 
 
-def names_overview() -> str:
-    """Every registered name by config key, plugins included (the epilog of ``--help``)."""
-    lines = ["registered names (a plugin adds its own; see `plugins:` / --plugin):"]
-    for key, registry in NAMED_KEYS.items():
-        if key != "retrieval.rerank_base":
-            lines.append(f"  {key}: {', '.join(registry.names())}")
+def names_overview(keys: Iterable[str] | None = None) -> str:
+    """What each of ``keys`` (default: every key that names a registered entry) may name, plugins
+    included: the end of a command's ``--help``."""
+    keys = [k for k in NAMED_KEYS if k != "retrieval.rerank_base"] if keys is None else list(keys)
+    lines = ["registered names (a plugin registers more: `plugins:` in the config, or --plugin):"]
+    lines += [f"  {key}: {', '.join(NAMED_KEYS[key].names())}" for key in keys]
     return "\n".join(lines)

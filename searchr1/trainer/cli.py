@@ -6,6 +6,7 @@ searchr1 train --config grpo_qwen2.5_3b data.train_files=[train.parquet]
 torchrun --nproc_per_node 8 -m searchr1 train --config ppo_qwen2.5_3b
 searchr1 train --plot runs/tiny                 # (re)write the PNG plots of a run
 searchr1 train --config X.yaml --print-config   # the resolved configuration, nothing trained
+searchr1 train --plugin my_plugin --list-keys   # every key, its default and doc (with my_plugin's names)
 searchr1 train --export runs/tiny export/tiny [--best]   # copy a run's policy (--best: the kept best validated one)
 """
 
@@ -18,8 +19,10 @@ from typing import Any
 
 import yaml
 
+from searchr1.cli_common import add_plugin_flag, help_lists_names
 from searchr1.config import ConfigError, describe, load_config, to_dict
 from searchr1.errors import UserFacingError
+from searchr1.plugins import PluginError, import_plugins
 from searchr1.trainer.configs import resolve_config_path
 from searchr1.trainer.plots import write_plots
 
@@ -32,13 +35,17 @@ def register(subparsers: Any) -> None:
         help="train a policy with RL (PPO, GRPO, RLOO, REINFORCE, REINFORCE++)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        add_help=False,
     )
+    help_lists_names(parser)
     parser.add_argument(
-        "--config", help="YAML config file (or the name of a shipped one: tiny_cpu, grpo_qwen2.5_3b, ppo_qwen2.5_3b, ...); keys not given keep their defaults"
+        "--config",
+        help="YAML config file (or the name of a shipped one: tiny_cpu, grpo_qwen2.5_3b, ppo_qwen2.5_3b, ...); keys not given keep their defaults",
     )
     parser.add_argument(
         "overrides", nargs="*", help="dotted key=value overrides, e.g. trainer.total_steps=10"
     )
+    add_plugin_flag(parser)
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     parser.add_argument(
         "--list-keys", action="store_true", help="list every config key with its default and doc"
@@ -60,6 +67,10 @@ def register(subparsers: Any) -> None:
 
 def _main(args: argparse.Namespace) -> int:
     if args.list_keys:
+        try:
+            import_plugins(args.plugin)
+        except PluginError as exc:
+            raise UserFacingError(str(exc)) from exc
         for key, default, doc in describe():
             print(f"{key} = {default}\n    {doc}")
         return 0
@@ -79,7 +90,7 @@ def _main(args: argparse.Namespace) -> int:
             print(path)
         return 0
     try:
-        cfg = load_config(resolve_config_path(args.config), args.overrides)
+        cfg = load_config(resolve_config_path(args.config), args.overrides, plugins=args.plugin)
     except ConfigError as exc:
         raise UserFacingError(str(exc)) from exc
     if args.print_config:

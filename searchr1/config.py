@@ -32,6 +32,9 @@ from searchr1.trainer.config import ModelConfig, TrainerConfig
 
 T = TypeVar("T")
 
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+"""The configs shipped with the package (``searchr1/configs/*.yaml``), selectable by name."""
+
 
 class ConfigError(ValueError):
     """A configuration value is unknown, mistyped or inconsistent; the message names the key."""
@@ -322,3 +325,31 @@ def describe(cls: type = SearchR1Config, prefix: str = "") -> list[tuple[str, st
             doc = f"{doc} Registered: {', '.join(known)}."
         rows.append((key, default, doc))
     return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# the configs shipped with the package
+# ---------------------------------------------------------------------------------------------
+
+
+def shipped_configs() -> dict[str, Path]:
+    """Name (file stem) -> path of every shipped config (``tiny_cpu``, ``grpo_qwen2.5_3b``, ...)."""
+    return {p.stem: p for p in sorted(CONFIG_DIR.glob("*.yaml"))}
+
+
+def shipped_config(name: str) -> Path | None:
+    """The shipped config called ``name`` (with or without ``.yaml``), or None."""
+    return shipped_configs().get(name.removesuffix(".yaml"))
+
+
+def resolve_config_path(path: str | Path | None) -> str | None:
+    """A config file path, or the name of a shipped config (``searchr1 train --config tiny_cpu``,
+    ``SearchR1Trainer(config="tiny_cpu")``); anything else is returned as given (``load_config`` then
+    says the file is missing)."""
+    if path is None:
+        return None
+    path = str(path)
+    if Path(path).is_file():
+        return path
+    found = shipped_config(path)
+    return str(found) if found else path

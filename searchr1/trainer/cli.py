@@ -20,13 +20,10 @@ from typing import Any
 import yaml
 
 from searchr1.cli_common import add_plugin_flag, help_lists_names
-from searchr1.config import ConfigError, describe, load_config, to_dict
+from searchr1.config import ConfigError, describe, load_config, resolve_config_path, to_dict
 from searchr1.errors import UserFacingError
 from searchr1.plugins import PluginError, import_plugins
-from searchr1.trainer.configs import resolve_config_path
 from searchr1.trainer.plots import write_plots
-
-__all__ = ["register", "resolve_config_path"]
 
 
 def register(subparsers: Any) -> None:

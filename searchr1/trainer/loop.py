@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import math
 import signal
 import sys
@@ -34,7 +35,6 @@ from searchr1.algorithms.advantages import compute_advantages, scores_to_token_r
 from searchr1.algorithms.aggregation import masked_mean
 from searchr1.algorithms.kl import AdaptiveKLController
 from searchr1.algorithms.reference import ema_update_
-from searchr1.config import to_dict
 from searchr1.precision import autocast, fast_bf16, frozen_linears_to_bf16
 from searchr1.rewards.format import is_valid_format
 from searchr1.rollout.records import answer_and_scores, trajectory_record
@@ -654,7 +654,7 @@ class RLTrainer:
                 self.step,
                 write,
                 state,
-                yaml.safe_dump(to_dict(self.cfg), sort_keys=False),
+                yaml.safe_dump(dataclasses.asdict(self.cfg), sort_keys=False),
                 keep_last=self.tcfg.keep_last,
             )
         barrier(self.dist)
@@ -675,14 +675,14 @@ class RLTrainer:
             self.out_dir,
             self.tcfg.log_backends,
             enabled=is_main,
-            run_config=to_dict(self.cfg),
+            run_config=dataclasses.asdict(self.cfg),
             wandb_project=self.tcfg.wandb_project,
             wandb_mode=self.tcfg.wandb_mode,
             resume_step=self.step,
         )
         if is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            (self.out_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(self.cfg), sort_keys=False))
+            (self.out_dir / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(self.cfg), sort_keys=False))
         old_handlers = {}
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(ValueError):  # not in the main thread

@@ -32,7 +32,7 @@ from searchr1.retrieval.base import Retriever
 from searchr1.rollout.actions import StopDetector, eos_token_ids
 from searchr1.rollout.attention import decode_attention_for
 from searchr1.rollout.config import RolloutConfig
-from searchr1.rollout.engine import RolloutEngine
+from searchr1.rollout.engine import PolicyWeights, RolloutEngine
 from searchr1.rollout.episode import Episode, EpisodeContext
 from searchr1.rollout.kv import KVBatch, model_config
 from searchr1.rollout.sampling import SamplingParams, logprob_temperature, row_generators, sample_tokens
@@ -42,6 +42,8 @@ from searchr1.rollout.types import Trajectory
 
 
 class _HFEngineBase(RolloutEngine):
+    weight_format = "module"  # the trainer's own model object: nothing is copied between processes
+
     def __init__(
         self,
         model: Any,
@@ -102,14 +104,15 @@ class _HFEngineBase(RolloutEngine):
     def close(self) -> None:
         self.runner.close()
 
-    def update_weights(self, state_dict: Mapping[str, Any] | None = None) -> None:
-        """Generate with the policy's current weights: refresh the generation copy from the policy (a
-        no-op when the policy itself generates), or load ``state_dict`` (from a separate trainer copy)."""
+    def update_weights(self, weights: PolicyWeights) -> None:
+        """Generate with the policy's new weights: ``weights.module`` is the model this engine was built on
+        (nothing to do when it generates itself; its generation copy is refreshed from it otherwise); a
+        ``weights.state_dict`` is loaded into the generating model."""
 
-        if state_dict is not None:
-            self.model.load_state_dict(dict(state_dict), strict=False)
-        elif self.owns_copy:
-            copy_weights(self.policy, self.model)
+        if weights.state_dict is not None:
+            self.model.load_state_dict(dict(weights.state_dict), strict=False)
+        elif weights.module is not None and self.owns_copy:
+            copy_weights(weights.module, self.model)
 
     def _prepare(
         self,

@@ -52,6 +52,7 @@ from searchr1.trainer.distributed import (
     unwrap,
     wrap_model,
 )
+from searchr1.trainer.engine_weights import check_weight_format, hand_weights
 from searchr1.trainer.experience import (
     Experience,
     build_experience,
@@ -201,7 +202,16 @@ class RLTrainer:
         self.prompt_cache: dict[int, list[int]] = {}
         if resume_from is not None:
             self._load_state(resume_from)
+        check_weight_format(self.engine, self.lora)
+        self._hand_weights(self.step)  # the engine starts from the policy as set up (a resumed one included)
         self._setup_done = True
+
+    def _hand_weights(self, step: int) -> None:
+        """The rollout engine receives the policy's weights after ``step`` updates, in the form it takes."""
+        hand_weights(
+            self.engine, self.policy, step=step, tokenizer=self.tokenizer, lora=self.lora,
+            dist=self.dist, out_dir=self.out_dir,
+        )  # fmt: skip
 
     @torch.no_grad()
     def _fsdp_lazy_init(self) -> None:
@@ -472,7 +482,7 @@ class RLTrainer:
             bf16_autocast=self.cfg.model.bf16_autocast,
             reference_logits_fn=self._reference_logits if self.algo.kl_loss_type != "token" else None,
         )
-        self.engine.update_weights()  # a generation copy (another dtype, merged LoRA) follows the policy
+        self._hand_weights(step + 1)
         metrics.update(upd_metrics)
         if skipped:
             self.nonfinite_in_a_row += 1

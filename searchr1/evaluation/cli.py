@@ -386,10 +386,8 @@ def _eval(args: argparse.Namespace) -> int:
 
     def engine_for(mode: Mode) -> Any:
         if mode.search == "agent":  # rollout.engine: the multi-turn engine the model was trained with
-            return build_engine(cfg, model, tokenizer, retriever, steer=monitor.steer())
-        return build_engine(
-            cfg, model, tokenizer, name="single_turn", max_new_tokens=reply_tokens(mode), steer=monitor.steer()
-        )
+            return build_engine(cfg, model, tokenizer, retriever)
+        return build_engine(cfg, model, tokenizer, name="single_turn", max_new_tokens=reply_tokens(mode))
 
     try:
         results = evaluate_modes(
@@ -401,6 +399,7 @@ def _eval(args: argparse.Namespace) -> int:
             settings=settings,
             on_start=lambda mode, done, total: monitor.start(mode.name, done, total),
             on_batch=monitor.batch,
+            on_tokens=monitor.on_tokens,
             retriever=retriever,
             batch_size=args.batch_size,
             resume=not args.no_resume,

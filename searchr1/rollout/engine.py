@@ -3,7 +3,8 @@
     engine = build_engine(cfg, model, tokenizer, retriever)   # searchr1.rollout.registry; rollout.engine names it
     engine.update_weights(PolicyWeights(step, module=policy))  # before the first rollout, after every update
     trajs = engine.generate(prompt_ids, metas, sampling=SamplingParams.from_config(cfg.rollout), seed=step)
-    val = engine.generate(prompt_ids, metas, sampling=SamplingParams.greedy_eval(cfg.rollout), seed=0)
+    val = engine.generate(prompt_ids, metas, sampling=SamplingParams.greedy_eval(cfg.rollout), seed=0,
+                          on_tokens=show_progress)
 
 What an engine implements, and all the trainer and the evaluation ever ask of it:
 
@@ -23,10 +24,10 @@ What an engine implements, and all the trainer and the evaluation ever ask of it
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, NamedTuple
 
 from searchr1.rollout.sampling import SamplingParams
 from searchr1.rollout.types import Trajectory
@@ -51,6 +52,20 @@ class PolicyWeights:
     """``adapter``: a PEFT LoRA adapter folder (``adapter_config.json`` + weights) over the base model."""
 
 
+class NewToken(NamedTuple):
+    """One token just chosen for one row of a ``generate`` call."""
+
+    row: int
+    """Index of the prompt in the call."""
+    turn: int
+    """Turns the row completed before this one (0: the first)."""
+    token: int
+
+
+TokenListener = Callable[[Sequence[NewToken]], None]
+"""Receives the tokens of each decoding step (``generate(..., on_tokens=)``): progress and streaming."""
+
+
 class RolloutEngine(ABC):
     """Turns prompts (token ids) into multi-turn trajectories."""
 
@@ -67,8 +82,11 @@ class RolloutEngine(ABC):
         *,
         sampling: SamplingParams | None = None,
         seed: int | None = None,
+        on_tokens: TokenListener | None = None,
     ) -> list[Trajectory]:
-        """One trajectory per prompt, in order; ``metas[i]`` is copied into ``trajectories[i].meta``."""
+        """One trajectory per prompt, in order; ``metas[i]`` is copied into ``trajectories[i].meta``.
+        ``on_tokens`` (optional) receives each step's new tokens; an engine that cannot tell them one by
+        one may call it less often (say once per finished turn), never more than once per token."""
 
     def update_weights(self, weights: PolicyWeights) -> None:
         """Generate with ``weights`` from now on (in the form ``weight_format`` names)."""

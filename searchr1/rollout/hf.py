@@ -32,7 +32,7 @@ from searchr1.retrieval.base import Retriever
 from searchr1.rollout.actions import StopDetector, eos_token_ids
 from searchr1.rollout.attention import decode_attention_for
 from searchr1.rollout.config import RolloutConfig
-from searchr1.rollout.engine import PolicyWeights, RolloutEngine
+from searchr1.rollout.engine import NewToken, PolicyWeights, RolloutEngine, TokenListener
 from searchr1.rollout.episode import Episode, EpisodeContext
 from searchr1.rollout.kv import KVBatch, model_config
 from searchr1.rollout.sampling import SamplingParams, logprob_temperature, row_generators, sample_tokens
@@ -73,6 +73,7 @@ class _HFEngineBase(RolloutEngine):
             workers=self.config.search_workers,
         )
         self.last_stats: dict[str, float] = {}
+        self._on_tokens: TokenListener | None = None
 
     def _generation_model(self, model: Any) -> Any:
         """``model`` itself, or a frozen copy of it in the generation dtype (``rollout.dtype``) with any
@@ -148,7 +149,12 @@ class _HFEngineBase(RolloutEngine):
             logits = self.steer(rows, logits)
         tokens = sample_tokens(logits, sampling, [generators[ep.index] for ep in episodes])
         chosen = logp.gather(1, tokens[:, None]).squeeze(1)
-        return tokens.tolist(), chosen.tolist()
+        ids = tokens.tolist()
+        if self._on_tokens is not None:
+            self._on_tokens(
+                [NewToken(ep.index, ep.traj.turns, t) for ep, t in zip(episodes, ids, strict=True)]
+            )
+        return ids, chosen.tolist()
 
     def _deliver(self, job: SearchJob, episodes: list[Episode | None]) -> None:
         for k, i in enumerate(job.owners):
@@ -164,16 +170,19 @@ class _HFEngineBase(RolloutEngine):
         *,
         sampling: SamplingParams | None = None,
         seed: int | None = None,
+        on_tokens: TokenListener | None = None,
     ) -> list[Trajectory]:
         """Run ``_generate`` in eval mode without gradients, restoring the model's mode after."""
         was_training = self.model.training
         self.model.eval()
+        self._on_tokens = on_tokens
         try:
             fast = decode_attention_for(self.model) if self.config.fast_decode else contextlib.nullcontext()
             with torch.no_grad(), fast:
                 return self._generate(prompt_ids, metas, sampling, seed)
         finally:
             self.model.train(was_training)
+            self._on_tokens = None
 
     def _generate(
         self,

@@ -19,7 +19,7 @@ from typing import Any
 from searchr1.retrieval.base import Hit, Retriever, SearchError
 from searchr1.rollout.actions import eos_token_ids, parse_action
 from searchr1.rollout.config import RolloutConfig
-from searchr1.rollout.engine import PolicyWeights, RolloutEngine
+from searchr1.rollout.engine import PolicyWeights, RolloutEngine, TokenListener
 from searchr1.rollout.hf import HFRolloutEngine
 from searchr1.rollout.sampling import SamplingParams
 from searchr1.rollout.steer import Steer
@@ -71,6 +71,7 @@ class SingleTurnEngine(RolloutEngine):
         *,
         sampling: SamplingParams | None = None,
         seed: int | None = None,
+        on_tokens: TokenListener | None = None,
     ) -> list[Trajectory]:
         """One reply per prompt, in order (greedy unless ``sampling`` says otherwise)."""
         trajs = self._engine.generate(
@@ -78,6 +79,7 @@ class SingleTurnEngine(RolloutEngine):
             metas,
             sampling=sampling or SamplingParams(greedy=True),
             seed=seed,
+            on_tokens=on_tokens,
         )
         self.last_stats = dict(self._engine.last_stats)
         for traj in trajs:

@@ -459,3 +459,23 @@ def test_bad_input_is_one_line_naming_it(tiny, samples):
     broken = [dict(samples[0]), {k: v for k, v in samples[1].items() if k != "golden_answers"}]
     with pytest.raises(EvaluationError, match=r"^sample 1 \(id synth_1\): no golden_answers"):
         evaluate(engine, broken, tokenizer=tok, mode="direct")
+
+
+def test_progress_is_shown_while_a_batch_decodes(tiny, retriever, samples):
+    """The eval monitor hears the engine's tokens (``on_tokens``), never its logits."""
+    import io
+
+    from searchr1.evaluation.progress import Monitor
+
+    stream = io.StringIO()
+    monitor = Monitor(stream=stream, interval_s=0.0)
+    monitor.start("agent", 0, len(samples))
+    evaluate(
+        agent_engine(tiny, retriever), samples, tokenizer=tiny[1], mode="agent", batch_size=3,
+        on_tokens=monitor.on_tokens, on_batch=monitor.batch,
+    )  # fmt: skip
+    lines = stream.getvalue().splitlines()
+    beats = [line for line in lines if "decoding" in line]
+    assert monitor.steps > 0 and len(beats) == monitor.steps  # interval 0: a line per decoding step
+    assert "[eval agent] 0/6 questions | decoding 3 rows, step 1" in beats[0]
+    assert lines[-1].startswith("[eval agent] 6/6 questions")

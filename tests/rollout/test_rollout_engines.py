@@ -89,6 +89,26 @@ def test_scripted_turns_searches_and_roles(tiny, cls):
     assert seen == sorted(q for t in trajs for q in t.queries)
 
 
+@pytest.mark.parametrize("cls", [HFRolloutEngine, TurnSyncRolloutEngine])
+def test_the_token_listener_hears_every_generated_token_by_row_and_turn(tiny, cls):
+    _, tok = tiny
+    metas = scripted_metas(3, seed=2)
+    heard: list[list] = []
+    with engine(cls, tiny) as eng:
+        trajs = eng.generate(
+            prompts_of(tok, 3), metas, sampling=SamplingParams(), seed=4, on_tokens=heard.append
+        )
+        again = eng.generate(prompts_of(tok, 3), metas, sampling=SamplingParams(), seed=4)
+    assert [t.response_ids for t in again] == [t.response_ids for t in trajs], "listening changes nothing"
+    assert all(len({new.row for new in step}) == len(step) for step in heard), "one token per row and step"
+    for row, traj in enumerate(trajs):
+        mine = [new for step in heard for new in step if new.row == row]
+        generated = [i for i, r in zip(traj.response_ids, traj.roles, strict=True) if r == Role.GENERATED]
+        assert [new.token for new in mine] == generated
+        turns = [new.turn for new in mine]
+        assert turns == sorted(turns) and turns[0] == 0 and turns[-1] == traj.turns - 1
+
+
 def test_loss_mask_never_covers_prompt_or_observations(tiny):
     _, tok = tiny
     metas = scripted_metas(3, searches=(2, 2))

@@ -17,9 +17,12 @@ from typing import Any
 import torch
 
 from searchr1.algorithms.registry import advantage_traits
+from searchr1.data.formats import load_samples
+from searchr1.data.synth import ensure_world
 from searchr1.models import load_model, load_tokenizer, merged_lora_state_dict, resolve_model
 from searchr1.retrieval.factory import build_retriever
-from searchr1.trainer import adapters
+from searchr1.rewards.composite import build_reward
+from searchr1.trainer.critic import ValueModel
 from searchr1.trainer.distributed import DistInfo, full_state_dict, unwrap
 
 
@@ -42,7 +45,7 @@ def resolve_data(cfg: Any, out_dir: Path) -> tuple[list[str], list[str], str | N
     """(train files, val files, corpus) - the synthetic world when no training files are given."""
     if cfg.data.train_files:
         return list(cfg.data.train_files), list(cfg.data.val_files or []), None
-    files = adapters.synthetic_world(out_dir / "world", seed=cfg.seed)
+    files = ensure_world(out_dir / "world", seed=cfg.seed)
     val = list(cfg.data.val_files) if cfg.data.val_files else [str(files["val"])]
     return [str(files["train"])], val, str(files["corpus"])
 
@@ -65,9 +68,9 @@ def build(cfg: Any, injected: dict[str, Any], resume_from: Path | None) -> Built
     corpus = None
     if train_samples is None:
         train_files, val_files, corpus = resolve_data(cfg, out_dir)
-        train_samples = adapters.load_samples(train_files)
+        train_samples = [s for path in train_files for s in load_samples(path)]
         if val_samples is None:
-            val_samples = adapters.load_samples(val_files) if val_files else []
+            val_samples = [s for path in val_files for s in load_samples(path)]
     val_samples = val_samples or []
     if len(train_samples) < cfg.trainer.batch_size:
         raise ValueError(
@@ -126,11 +129,11 @@ def build(cfg: Any, injected: dict[str, Any], resume_from: Path | None) -> Built
         source = cfg.model.critic_path or model_path
         if resume_from is not None and (resume_from / "critic").is_dir():
             source = str(resume_from / "critic")
-        critic = adapters.build_value_model(source, dtype=cfg.model.dtype)
+        critic = ValueModel.from_pretrained(str(source), dtype=cfg.model.dtype)
         if cfg.model.gradient_checkpointing:
             critic.gradient_checkpointing_enable()
     # -- reward
-    reward_fn = injected.get("reward_fn") or adapters.build_reward(cfg.reward)
+    reward_fn = injected.get("reward_fn") or build_reward(cfg.reward)
     return Built(
         tokenizer=tokenizer,
         policy=model,

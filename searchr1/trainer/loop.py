@@ -33,12 +33,15 @@ import yaml
 
 from searchr1.algorithms.advantages import compute_advantages, scores_to_token_rewards
 from searchr1.algorithms.aggregation import masked_mean
-from searchr1.algorithms.kl import AdaptiveKLController
+from searchr1.algorithms.kl import AdaptiveKLController, kl_penalty
 from searchr1.algorithms.reference import ema_update_
+from searchr1.data.formats import sample_meta, sample_prompt
 from searchr1.precision import autocast, fast_bf16, frozen_linears_to_bf16
 from searchr1.rewards.format import is_valid_format
 from searchr1.rollout.records import answer_and_scores, trajectory_record
-from searchr1.trainer import adapters, checkpoint, components
+from searchr1.rollout.registry import build_engine
+from searchr1.rollout.sampling import SamplingParams
+from searchr1.trainer import checkpoint, components
 from searchr1.trainer.distributed import (
     DistInfo,
     all_gather_objects,
@@ -62,6 +65,7 @@ from searchr1.trainer.experience import (
 )
 from searchr1.trainer.health import CollapseMonitor, flat_group_share
 from searchr1.trainer.plots import write_plots
+from searchr1.trainer.policy import PolicyLogprobs
 from searchr1.trainer.schedule import PromptSampler, make_scheduler
 from searchr1.trainer.search_health import SearchAlert, SearchFailureMonitor, first_search_error
 from searchr1.trainer.tracking import MetricsLogger, ProgressBar
@@ -83,8 +87,9 @@ def _seed_for(*parts: int) -> int:
 class RLTrainer:
     """Trains a policy with the algorithm of ``cfg.algorithm`` (PPO/GAE, GRPO, RLOO, REINFORCE(++)).
 
-    Components may be injected (a model, a retriever, a reward function, samples); anything not
-    given is built from the configuration.
+    Components may be injected (a model, a retriever, a reward with ``score_trajectories(trajs, decode)``
+    such as ``searchr1.rewards.CompositeReward``, samples, a rollout engine); anything not given is built
+    from the configuration.
     """
 
     def __init__(
@@ -163,15 +168,13 @@ class RLTrainer:
         self.reward_fn = built.reward_fn
         self.train_samples = built.train_samples
         self.val_samples = built.val_samples
-        self.engine = built.engine or adapters.make_engine(
-            self.cfg, self.policy, self.tokenizer, self.retriever
-        )
+        self.engine = built.engine or build_engine(self.cfg, self.policy, self.tokenizer, self.retriever)
         self.lora = built.lora
         self.base_model_path = built.model_path
         if self.lora and self.cfg.model.bf16_autocast and fast_bf16(self.device):
             frozen_linears_to_bf16(self.policy)
         self.actor = wrap_model(
-            adapters.PolicyLogprobs(self.policy, share_prefix=self.tcfg.share_prompt_prefix),
+            PolicyLogprobs(self.policy, share_prefix=self.tcfg.share_prompt_prefix),
             self.dist,
             self.tcfg.strategy,
             self.device,
@@ -251,7 +254,7 @@ class RLTrainer:
 
     def _prompt_ids(self, index: int) -> list[int]:
         if index not in self.prompt_cache:
-            text = adapters.prompt_text(self.train_samples[index], self.cfg.data.template, self.tokenizer)
+            text = sample_prompt(self.train_samples[index], self.cfg.data.template, self.tokenizer)
             self.prompt_cache[index] = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return self.prompt_cache[index]
 
@@ -265,18 +268,17 @@ class RLTrainer:
             gid = self.dist.rank * share + slot
             for k in range(n):
                 prompt_ids.append(self._prompt_ids(idx))
-                meta = adapters.sample_meta(self.train_samples[idx], idx)
+                meta = sample_meta(self.train_samples[idx], idx)
                 meta.update(group_id=gid, sample_in_group=k)
                 metas.append(meta)
                 groups.append(gid)
         self.policy.eval()
         t0 = time.perf_counter()
         with torch.no_grad(), self._autocast():
-            trajs = adapters.generate(
-                self.engine,
+            trajs = self.engine.generate(
                 prompt_ids,
                 metas,
-                adapters.sampling_params(self.cfg.rollout),
+                sampling=SamplingParams.from_config(self.cfg.rollout),
                 seed=_seed_for(self.cfg.seed, step, self.dist.rank),
             )
         return trajs, groups, time.perf_counter() - t0
@@ -319,7 +321,7 @@ class RLTrainer:
         """``[N, V]`` reference logits at the trained positions of a micro-batch (vocabulary KL)."""
         model = self.policy if self.lora else self.reference
         with self._reference_context():
-            _, _, logits, _ = adapters.PolicyLogprobs(model)(
+            _, _, logits, _ = PolicyLogprobs(model)(
                 mb.input_ids,
                 mb.attention_mask,
                 target_mask=mb.train_mask,
@@ -332,13 +334,13 @@ class RLTrainer:
         model = self.policy if self.lora else self.reference
         with self._reference_context():
             share = self.tcfg.share_prompt_prefix
-            return self._per_token(adapters.PolicyLogprobs(model, share_prefix=share), exp, "logprobs")
+            return self._per_token(PolicyLogprobs(model, share_prefix=share), exp, "logprobs")
 
     def make_experience(self, trajs: list[Any], groups: list[int]) -> tuple[Experience, dict[str, float]]:
         """Rewards, old / reference log-probs, values and advantages of a rollout batch."""
         decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
         t0 = time.perf_counter()
-        rewards = adapters.score(self.reward_fn, trajs, decode)
+        rewards = self.reward_fn.score_trajectories(trajs, decode)
         t_reward = time.perf_counter() - t0
         exp = build_experience(
             trajs,
@@ -361,7 +363,7 @@ class RLTrainer:
         token_rewards = None
         kl_metric = None
         if exp.ref_logprobs is not None and exp.old_logprobs is not None:
-            kl_mat = adapters.token_kl(exp.old_logprobs, exp.ref_logprobs, self.algo.kl_estimator)
+            kl_mat = kl_penalty(exp.old_logprobs, exp.ref_logprobs, self.algo.kl_estimator)
             kl_metric = float(masked_mean(kl_mat, exp.train_mask))
             if self.algo.use_kl_in_reward:
                 token_rewards = (
@@ -583,21 +585,17 @@ class RLTrainer:
         bs = max(1, self.tcfg.batch_size * self.cfg.rollout.n)
         for start in range(0, len(mine), bs):
             chunk = mine[start : start + bs]
-            metas = [adapters.sample_meta(samples[i], i) for i in chunk]
+            metas = [sample_meta(samples[i], i) for i in chunk]
             prompts = [
                 self.tokenizer(
-                    adapters.prompt_text(samples[i], self.cfg.data.template, self.tokenizer),
+                    sample_prompt(samples[i], self.cfg.data.template, self.tokenizer),
                     add_special_tokens=False,
                 )["input_ids"]
                 for i in chunk
             ]
             with self._autocast():
-                trajs = adapters.generate(
-                    self.engine,
-                    prompts,
-                    metas,
-                    adapters.sampling_params(self.cfg.rollout, greedy=True),
-                    seed=self.cfg.seed,
+                trajs = self.engine.generate(
+                    prompts, metas, sampling=SamplingParams.greedy_eval(self.cfg.rollout), seed=self.cfg.seed
                 )
             for traj, meta in zip(trajs, metas, strict=True):
                 m = self._answer_scores(traj, meta["golden_answers"])
@@ -692,7 +690,9 @@ class RLTrainer:
         )
         if is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            (self.out_dir / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(self.cfg), sort_keys=False))
+            (self.out_dir / "config.yaml").write_text(
+                yaml.safe_dump(dataclasses.asdict(self.cfg), sort_keys=False)
+            )
         old_handlers = {}
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(ValueError):  # not in the main thread

@@ -78,12 +78,12 @@ def world(tmp_path_factory):
 def force_search(monkeypatch):
     """Every rollout engine the trainer builds searches once per trajectory."""
     from searchr1.rollout.registry import build_engine
-    from searchr1.trainer import adapters
+    from searchr1.trainer import loop
 
-    def make_engine(cfg, model, tokenizer, retriever):
+    def forced(cfg, model, tokenizer, retriever):
         return build_engine(cfg, model, tokenizer, retriever, steer=rlworld.ForceSearch(tokenizer))
 
-    monkeypatch.setattr(adapters, "make_engine", make_engine)
+    monkeypatch.setattr(loop, "build_engine", forced)
 
 
 # -- the rule ---------------------------------------------------------------------------------------

@@ -81,9 +81,7 @@ LAZY_LIGHT_IMPORTS_ALLOWED = {
     "searchr1.bench",
     "searchr1.bench.cli",
     "searchr1.bench.retrieval",
-    "searchr1.bench.rollout",
     "searchr1.bench.server_load",
-    "searchr1.bench.update",
     "searchr1.learning_demo",
 }
 """Modules whose in-function imports of light searchr1 modules are not checked."""

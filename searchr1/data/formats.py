@@ -35,7 +35,6 @@ from searchr1.data.prompts import build_prompt, prompt_messages, render_messages
 
 BENCHMARK_SOURCES = ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
 """The seven QA benchmarks of the Search-R1 paper (names as in FlashRAG_datasets)."""
-MULTI_HOP_SOURCES = ("hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
 ABILITY = "fact-reasoning"
 SPLITS = ("train", "val", "dev", "test")
 

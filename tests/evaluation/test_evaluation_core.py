@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from evalworld import WORLD
+from scripted_turns import FREE, ScriptedTurns
 
 from searchr1.data.prompts import (
     ANSWER_CLOSE,
@@ -34,7 +35,7 @@ from searchr1.retrieval.base import SearchError
 from searchr1.retrieval.bm25 import BM25Retriever
 from searchr1.rollout.config import RolloutConfig
 from searchr1.rollout.single_turn import SingleTurnEngine
-from searchr1.rollout.steer import FREE, ScriptedTurns, SteerRow
+from searchr1.rollout.steer import SteerRow
 
 
 class ScriptBySample(ScriptedTurns):

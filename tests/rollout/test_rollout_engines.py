@@ -8,15 +8,14 @@ import random
 import pytest
 import torch
 from rollout_doubles import ScriptedRetriever
+from scripted_turns import ScriptedTurns, make_script
 
 from searchr1.data.prompts import INVALID_ACTION_MESSAGE, wrap_information
 from searchr1.retrieval.base import SearchError
 from searchr1.rollout.config import RolloutConfig
-from searchr1.rollout.engine import expand_groups, rollout_metrics
 from searchr1.rollout.episode import SEARCH_FAILED_TEXT
 from searchr1.rollout.hf import HFRolloutEngine, TurnSyncRolloutEngine
 from searchr1.rollout.sampling import SamplingParams
-from searchr1.rollout.steer import ScriptedTurns, make_script
 from searchr1.rollout.types import Role
 
 QUESTIONS = [
@@ -229,7 +228,6 @@ def test_search_failure_becomes_an_observation(tiny, cls):
         assert [ids for role, ids in segments(t) if role == Role.OBSERVATION] == [failed, failed]
         assert t.documents == [[], []]
         assert "backend down" in t.meta["search_errors"][0] and "2 attempts" in t.meta["search_errors"][0]
-    assert rollout_metrics(trajs)["rollout/search_failure_rate"] == 1.0
 
 
 def test_search_retry_then_success_and_timeout(tiny):
@@ -376,27 +374,6 @@ def test_logprobs_are_taken_at_the_sampling_temperature(tiny):
         if r == Role.GENERATED
     ]
     assert max(abs(logp[p + i - 1, tok_id].item() - lp) for i, tok_id, lp in gen) < 1e-3
-
-
-def test_expand_groups_and_metrics(tiny):
-    ids, metas = expand_groups([[1, 2], [3]], [{"q": "a"}, {"q": "b"}], n=3)
-    assert ids == [[1, 2]] * 3 + [[3]] * 3
-    assert [(m["q"], m["group"], m["sample"]) for m in metas] == [
-        ("a", 0, 0),
-        ("a", 0, 1),
-        ("a", 0, 2),
-        ("b", 1, 0),
-        ("b", 1, 1),
-        ("b", 1, 2),
-    ]
-    _, tok = tiny
-    with engine(HFRolloutEngine, tiny) as eng:
-        trajs = eng.generate(
-            prompts_of(tok, 2), scripted_metas(2, searches=(1, 1)), sampling=SamplingParams()
-        )
-    m = rollout_metrics(trajs)
-    assert m["rollout/searches_mean"] == 1.0 and m["rollout/turns_mean"] == 2.0
-    assert m["rollout/finish_answer_frac"] == 1.0
 
 
 def test_train_mode_is_restored(tiny):

@@ -29,6 +29,8 @@ COMMAND_MODULES = [
     "searchr1.data.cli",
     "searchr1.trainer.cli",
     "searchr1.evaluation.cli",
+    "searchr1.evaluation.ask_cli",
+    "searchr1.report.cli",
     "searchr1.bench.cli",
 ]
 

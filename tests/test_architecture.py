@@ -225,10 +225,10 @@ def find_cycles(g: Mapping[str, Iterable[str]]) -> list[list[str]]:
 
 
 def is_cli(module: str) -> bool:
-    """The command-line layer: ``searchr1.cli``, ``__main__``, every ``*.cli`` and the ``cli_*`` modules
-    the commands share."""
+    """The command-line layer: ``searchr1.cli``, ``__main__``, every ``*.cli`` and ``*_cli`` module (one
+    per command) and the ``cli_*`` modules the commands share."""
     last = module.rpartition(".")[2]
-    return module == "searchr1.__main__" or last == "cli" or last.startswith("cli_")
+    return module == "searchr1.__main__" or last == "cli" or last.startswith("cli_") or last.endswith("_cli")
 
 
 def package_of(module: str) -> str:
@@ -328,6 +328,7 @@ def test_reading_the_source_sees_relative_lazy_and_type_checking_imports(tmp_pat
     assert deps["searchr1.sub.c"] == deps["searchr1.sub"] == {"numpy"}  # through a, and as c's parent
     assert deps["searchr1"] == deps["searchr1.cli"] == frozenset()
     assert is_cli("searchr1.cli") and is_cli("searchr1.data.cli") and is_cli("searchr1.cli_common")
+    assert is_cli("searchr1.evaluation.ask_cli")
     assert not is_cli("searchr1.client") and not is_cli("searchr1.retrieval.client")
 
 

@@ -14,6 +14,7 @@ search with its hits when the search returns, and the answer at the end.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -174,7 +175,9 @@ class Agent:
 
     ``model``: a hub id or local folder, or a loaded model (then pass ``tokenizer``).
     ``search_backend``: a ``Retriever``, an index folder, a corpus jsonl (BM25 in memory) or a
-    retrieval-server URL. ``engine_kwargs`` go to the rollout engine's factory.
+    retrieval-server URL. ``config``: a ``SearchR1Config`` whose ``rollout``, ``retrieval.topk`` and
+    ``data.template`` apply (default: the defaults); ``template``, ``topk``, ``max_turns``,
+    ``max_turn_tokens`` and ``engine`` override it. ``engine_kwargs`` go to the rollout engine's factory.
     """
 
     def __init__(
@@ -183,13 +186,14 @@ class Agent:
         search_backend: Any,
         *,
         tokenizer: Any = None,
-        template: str = "base",
-        topk: int = 3,
-        max_turns: int = 4,
-        max_turn_tokens: int = 500,
+        template: str | None = None,
+        topk: int | None = None,
+        max_turns: int | None = None,
+        max_turn_tokens: int | None = None,
         dtype: str = "float32",
         device: str | None = None,
-        engine: str = "hf",
+        engine: str | None = None,
+        config: SearchR1Config | None = None,
         **engine_kwargs: Any,
     ):
         from searchr1.models import load_model, load_tokenizer
@@ -204,14 +208,19 @@ class Agent:
         elif tokenizer is None:
             raise ValueError("Agent: pass tokenizer= together with a loaded model")
         model.eval()
-        self.model, self.tokenizer, self.template = model, tokenizer, template
-        self.retriever = open_search_backend(search_backend, topk)
-        cfg = SearchR1Config()
-        cfg.rollout.engine = engine
-        cfg.rollout.max_turns = max_turns
-        cfg.rollout.max_turn_tokens = max_turn_tokens
-        cfg.retrieval.topk = topk
+        cfg = copy.deepcopy(config) if config is not None else SearchR1Config()
+        for section, key, value in (
+            (cfg.rollout, "engine", engine),
+            (cfg.rollout, "max_turns", max_turns),
+            (cfg.rollout, "max_turn_tokens", max_turn_tokens),
+            (cfg.retrieval, "topk", topk),
+            (cfg.data, "template", template),
+        ):
+            if value is not None:
+                setattr(section, key, value)
         self.config = cfg
+        self.model, self.tokenizer, self.template = model, tokenizer, cfg.data.template
+        self.retriever = open_search_backend(search_backend, cfg.retrieval.topk)
         self._observer = StreamingObserver(tokenizer)
         self._searches = ObservedRetriever(self.retriever)
         self.engine = build_engine(cfg, model, tokenizer, self._searches, **engine_kwargs)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from searchr1.config import ConfigError, load_config
+from searchr1.data.prompts import AUTO, describe_template, resolve_template
 from searchr1.errors import ModelNotFoundError, UserFacingError
 from searchr1.plugins import PluginError, import_plugins, names_overview
 from searchr1.retrieval.corpus import CorpusError
@@ -193,6 +194,20 @@ def check_model(model: str) -> None:
         resolve_model(model)
     except (ModelNotFoundError, OSError, ValueError) as exc:
         raise UserFacingError(f"--model {model}: {str(exc).splitlines()[0]}") from None
+
+
+def choose_template(cfg: Any, model: str) -> str:
+    """Resolve ``data.template=auto`` with ``model``'s tokenizer (its chat template, else base) and set it
+    in ``cfg``; returns the line that tells the user which template the command uses."""
+    asked = cfg.data.template
+    if asked == AUTO:
+        from searchr1.models import load_tokenizer
+
+        try:
+            cfg.data.template = resolve_template(asked, load_tokenizer(model))
+        except (OSError, ValueError) as exc:
+            raise UserFacingError(f"--model {model}: its tokenizer cannot be loaded ({exc})") from None
+    return f"template: {describe_template(asked, cfg.data.template)}"
 
 
 def load_policy(args: argparse.Namespace) -> tuple[Any, Any]:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from searchr1.data.prompts import build_prompt, prompt_messages, render_messages
+from searchr1.data.prompts import build_prompt, prompt_messages, render_messages, resolve_template
 
 BENCHMARK_SOURCES = ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
 """The seven QA benchmarks of the Search-R1 paper (names as in FlashRAG_datasets)."""
@@ -73,6 +73,7 @@ class Sample:
 
     def prompt(self, template: str = "base", tokenizer: Any = None) -> str:
         """The prompt text for the policy (see ``searchr1.data.prompts.build_prompt``)."""
+        template = resolve_template(template, tokenizer)
         return render_messages(self.messages(template), template, tokenizer)
 
     def meta(self) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from searchr1.config import SearchR1Config
-from searchr1.data.prompts import INFO_OPEN
+from searchr1.data.prompts import INFO_OPEN, resolve_template
 from searchr1.evaluation.modes import mode_prompt
 from searchr1.retrieval.base import Retriever
 from searchr1.rollout.records import trajectory_record
@@ -219,6 +219,7 @@ class Agent:
             if value is not None:
                 setattr(section, key, value)
         self.config = cfg
+        cfg.data.template = resolve_template(cfg.data.template, tokenizer)
         self.model, self.tokenizer, self.template = model, tokenizer, cfg.data.template
         self.retriever = open_search_backend(search_backend, cfg.retrieval.topk)
         self._observer = StreamingObserver(tokenizer)

@@ -19,6 +19,7 @@ from searchr1.cli_common import (
     add_search_flags,
     check_model,
     check_readable_file,
+    choose_template,
     command_config,
     has_search_flags,
     help_lists_names,
@@ -167,6 +168,7 @@ def _eval(args: argparse.Namespace) -> int:
             f"--mode {','.join(searching)} needs a search backend: --index DIR, --search-url URL or --corpus FILE"
         )
     samples = [s for p in data_paths for s in load_samples(p, args.limit)]
+    template_line = choose_template(cfg, args.model)
     out = Path(args.out) if args.out else _default_out(args.model)
     settings = {
         "model": args.model,
@@ -192,6 +194,7 @@ def _eval(args: argparse.Namespace) -> int:
 
     from searchr1.rollout.sampling import SamplingParams  # torch
 
+    print(template_line, file=sys.stderr)
     monitor = Monitor()
     retriever = monitor.wrap(open_retriever(cfg.retrieval)) if searching else None
     model, tokenizer = load_policy(args)

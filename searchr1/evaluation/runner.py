@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from searchr1.data.prompts import resolve_template
 from searchr1.evaluation import store
 from searchr1.evaluation.aggregate import aggregate
 from searchr1.evaluation.errors import EvaluationError
@@ -85,7 +86,7 @@ def evaluate(
     batch_size: int = 16,
     out_dir: str | Path | None = None,
     resume: bool = True,
-    template: str = "base",
+    template: str = "auto",
     topk: int = 3,
     seed: int = 0,
     sampling: Any = None,
@@ -112,6 +113,7 @@ def evaluate(
     ``on_tokens`` is the engine's token listener while a batch decodes (``RolloutEngine.generate``).
     """
     mode = get_mode(mode) if isinstance(mode, str) else mode
+    template = resolve_template(template, tokenizer)
     if mode.search == "once" and retriever is None:
         raise EvaluationError(f"mode {mode.name!r} needs a retriever (an index, a search URL or a corpus)")
     if batch_size < 1:

@@ -36,6 +36,7 @@ from searchr1.algorithms.aggregation import masked_mean
 from searchr1.algorithms.kl import AdaptiveKLController, kl_penalty
 from searchr1.algorithms.reference import ema_update_
 from searchr1.data.formats import sample_meta, sample_prompt
+from searchr1.data.prompts import describe_template, resolve_template
 from searchr1.precision import autocast, fast_bf16, frozen_linears_to_bf16
 from searchr1.rewards.format import is_valid_format
 from searchr1.rollout.records import answer_and_scores, trajectory_record
@@ -161,6 +162,10 @@ class RLTrainer:
         resume_from = checkpoint.resolve_resume(self.tcfg.resume, self.out_dir)
         built = components.build(self.cfg, self._injected, resume_from=resume_from)
         self.tokenizer = built.tokenizer
+        asked = self.cfg.data.template  # auto: the tokenizer's chat template, else base (recorded resolved)
+        self.cfg.data.template = resolve_template(asked, self.tokenizer)
+        if self.dist.is_main:
+            print(f"template: {describe_template(asked, self.cfg.data.template)}", file=sys.stderr)
         self.policy = built.policy.to(self.device)
         self.reference = built.reference.to(self.device) if built.reference is not None else None
         self.critic = built.critic.to(self.device) if built.critic is not None else None

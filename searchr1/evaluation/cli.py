@@ -151,15 +151,7 @@ def _eval(args: argparse.Namespace) -> int:
     if args.compare:
         return _compare(args)
     modes = parse_modes(args.mode)
-    if not args.model:
-        raise UserFacingError("eval needs --model (or --compare A B)")
-    if not args.data:
-        raise UserFacingError("eval needs at least one --data FILE")
-    for flag in ("batch_size", "answer_tokens"):
-        if getattr(args, flag) < 1:
-            raise UserFacingError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
-    check_model(args.model)
-    data_paths = [check_readable_file(d, "--data") for d in args.data]
+    data_paths = _check_flags(args)
     cfg = command_config(args, [*search_overrides(args), *model_overrides(args)])
     searching = [m.name for m in modes if m.search != "none"]
     has_search = has_search_flags(args) or cfg.retrieval.index or cfg.retrieval.url or cfg.retrieval.corpus
@@ -170,13 +162,8 @@ def _eval(args: argparse.Namespace) -> int:
     samples = [s for p in data_paths for s in load_samples(p, args.limit)]
     template_line = choose_template(cfg, args.model)
     out = Path(args.out) if args.out else _default_out(args.model)
-    settings = {
-        "model": args.model,
-        "data": [str(p) for p in data_paths],
-        "limit": args.limit,
-        "max_turns": cfg.rollout.max_turns,
-        "max_turn_tokens": cfg.rollout.max_turn_tokens,
-    }
+    settings = {"model": args.model, "data": [str(p) for p in data_paths], "limit": args.limit,
+                "max_turns": cfg.rollout.max_turns, "max_turn_tokens": cfg.rollout.max_turn_tokens}  # fmt: skip
 
     def reply_tokens(mode: Mode) -> int | None:
         if mode.search == "agent":
@@ -239,6 +226,19 @@ def _eval(args: argparse.Namespace) -> int:
         )
         return SEARCH_FAILED_STATUS
     return 0
+
+
+def _check_flags(args: argparse.Namespace) -> list[Path]:
+    """The flags of a run, checked before any work; returns the data files."""
+    if not args.model:
+        raise UserFacingError("eval needs --model (or --compare A B)")
+    if not args.data:
+        raise UserFacingError("eval needs at least one --data FILE")
+    for flag in ("batch_size", "answer_tokens"):
+        if getattr(args, flag) < 1:
+            raise UserFacingError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    check_model(args.model)
+    return [check_readable_file(d, "--data") for d in args.data]
 
 
 def _print_results(

@@ -18,22 +18,24 @@ from searchr1.errors import UserFacingError
 from searchr1.retrieval.base import SearchError
 
 EXAMPLES_INDEX = """examples:
-  searchr1 index build --retriever bm25 --corpus wiki-18.jsonl --out indexes/wiki-bm25
-  searchr1 index build --retriever dense --corpus wiki-18.jsonl --out indexes/wiki-dense --index-type hnsw
-  searchr1 index build --retriever bm25 --corpus long.jsonl --out idx --chunk-size 100 --overlap 20
+  searchr1 data synth --out data/world
+  searchr1 index build --retriever bm25 --corpus data/world/corpus.jsonl --out indexes/world
+  searchr1 index build --retriever dense --corpus data/world/corpus.jsonl --out indexes/world-dense --index-type hnsw
+  searchr1 index build --retriever bm25 --corpus shared/data/flashrag-sample/wiki18_sample_corpus.jsonl \\
+      --out indexes/wiki18-chunks --chunk-size 100 --overlap 20
 """
 
 EXAMPLES_SEARCH = """examples:
-  searchr1 search --index indexes/wiki-bm25 "who founded Acme" "where is Borvik"
-  searchr1 search --corpus small.jsonl --topk 5 "query"            (BM25 in memory, no index)
-  searchr1 search --search-url http://127.0.0.1:8000 --json "query"   (ask a running server)
-  searchr1 search --set retrieval.backend=hybrid --set retrieval.hybrid_indexes=[idx-bm25,idx-dense] "q"
+  searchr1 search --index indexes/world "who founded the Quillon Press" "where was Clara Thoped born"
+  searchr1 search --corpus data/world/corpus.jsonl --topk 5 "query"      (BM25 in memory, no index)
+  searchr1 search --search-url http://127.0.0.1:8000 --json "query"       (ask a running server)
+  searchr1 search --backend hybrid --set retrieval.hybrid_indexes=[indexes/world,indexes/world-dense] "q"
 """
 
 EXAMPLES_SERVE = """examples:
-  searchr1 serve --index indexes/wiki-bm25 --port 8000
-  SEARCHR1_API_KEY=secret searchr1 serve --index indexes/wiki-bm25 --host 0.0.0.0
-  searchr1 serve --corpus wiki-18.jsonl --body-timeout 10 --max-hits 10240 --no-access-log
+  searchr1 serve --index indexes/world --port 8000
+  SEARCHR1_API_KEY=secret searchr1 serve --index indexes/world --host 0.0.0.0
+  searchr1 serve --corpus shared/data/flashrag-sample/wiki18_sample_corpus.jsonl --body-timeout 10 --no-access-log
   curl -s localhost:8000/retrieve -H 'content-type: application/json' \\
        -d '{"queries": ["who founded Acme"], "topk": 3, "return_scores": true}'
 """

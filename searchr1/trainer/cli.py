@@ -2,12 +2,13 @@
 
 searchr1 train --config tiny_cpu trainer.total_steps=50 trainer.out_dir=runs/tiny
     (checkpoints: runs/tiny/checkpoints/step_000050/model is a Hugging Face folder for `searchr1 eval --model`)
-searchr1 train --config grpo_qwen2.5_3b data.train_files=[train.parquet]
+searchr1 train --config grpo_qwen2.5_3b data.train_files=[data/train.parquet] data.val_files=[data/test.parquet]
 torchrun --nproc_per_node 8 -m searchr1 train --config ppo_qwen2.5_3b
 searchr1 train --plot runs/tiny                 # (re)write the PNG plots of a run
-searchr1 train --config X.yaml --print-config   # the resolved configuration, nothing trained
-searchr1 train --plugin my_plugin --list-keys   # every key, its default and doc (with my_plugin's names)
-searchr1 train --export runs/tiny export/tiny [--best]   # copy a run's policy (--best: the kept best validated one)
+searchr1 train --config tiny_cpu --print-config   # the resolved configuration, nothing trained
+searchr1 train --list-keys                        # every key, its default and doc (--plugin M: with M's names)
+searchr1 train --export runs/tiny export/tiny     # copy a run's newest policy (a from_pretrained folder)
+searchr1 train --export runs/tiny export/best --best   # the kept best validated one (trainer.keep_best)
 """
 
 from __future__ import annotations

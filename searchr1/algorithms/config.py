@@ -1,8 +1,8 @@
 """Configuration of the RL algorithm (section ``algorithm``).
 
-Every string naming an estimator, loss, KL estimator or aggregation is looked up in the registries
-of :mod:`searchr1.algorithms.registry` (so a user-registered name is accepted too); ``validate``
-checks the names and the numeric ranges and names the dotted key in its error.
+Every string naming an estimator, loss, KL estimator or aggregation is a name in one of the registries
+of :mod:`searchr1.algorithms.registry` (a user-registered name too); the assembled config checks the
+names (``searchr1.plugins``), ``validate`` the numeric ranges, each error naming the dotted key.
 """
 
 from __future__ import annotations
@@ -10,14 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from searchr1.algorithms import registry
-
 
 @dataclass
 class AlgorithmConfig:
     # -- advantage estimation ---------------------------------------------------------------------
     advantage: str = "grpo"
-    """Advantage estimator by registry name: gae | grpo | rloo | reinforce | reinforce_plus_plus | reinforce_plus_plus_baseline."""
+    """Advantage estimator by registered name (`--list-keys` lists them; a plugin adds its own)."""
     gamma: float = 1.0
     """Discount factor over generated tokens (gae, reinforce_plus_plus)."""
     lam: float = 1.0
@@ -34,9 +32,9 @@ class AlgorithmConfig:
     """reinforce running_mean baseline: b <- m * b + (1 - m) * batch mean reward."""
     # -- policy loss ------------------------------------------------------------------------------
     policy_loss: str = "ppo"
-    """Policy loss by registry name: ppo | gspo | vanilla."""
+    """Policy loss by registered name: ppo (clip-higher, dual clip), gspo, vanilla, or a plugin's."""
     loss_agg: str = "token-mean"
-    """Loss aggregation: token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm."""
+    """Loss aggregation by registered name (token-mean, seq-mean-token-sum, ...)."""
     loss_agg_norm_len: int = 0
     """seq-mean-token-sum-norm: constant token budget dividing each sequence sum (0 = padded response length)."""
     clip_ratio_low: float = 0.2
@@ -65,7 +63,7 @@ class AlgorithmConfig:
     kl_coef: float = 0.001
     """KL weight (the initial value when kl_ctrl=adaptive)."""
     kl_estimator: str = "low_var_kl"
-    """Per-token KL estimator on sampled tokens: kl (k1) | mse (k2) | low_var_kl (k3) | abs | k3+ (k3 value, k2 gradient)."""
+    """Per-token KL estimator on sampled tokens by registered name: kl (k1), mse (k2), low_var_kl (k3), abs, k3+ (k3 value, k2 gradient)."""
     kl_loss_type: Literal["token", "full_reverse", "full_forward"] = "token"
     """KL in the loss: token (kl_estimator on the sampled token) | full_reverse KL(pi||ref) | full_forward KL(ref||pi) over the vocabulary."""
     kl_topk_tokens: int = 0
@@ -91,19 +89,8 @@ class AlgorithmConfig:
     """EMA reference: apply the EMA update every N training steps (EMA-PG: 10)."""
 
     def validate(self, root: Any = None) -> None:
-        """Check registry names and numeric ranges; errors name the dotted key."""
-        registry.ensure_builtins()
-        for key, reg in (
-            ("advantage", registry.ADVANTAGE_ESTIMATORS),
-            ("policy_loss", registry.POLICY_LOSSES),
-            ("loss_agg", registry.LOSS_AGGREGATIONS),
-            ("kl_estimator", registry.KL_ESTIMATORS),
-        ):
-            name = getattr(self, key)
-            if name not in reg:
-                raise ValueError(
-                    f"algorithm.{key}: unknown {reg.kind} '{name}'; registered: {', '.join(reg.names())}"
-                )
+        """Check the numeric ranges and combinations; errors name the dotted key. (The names are checked
+        against the registries where the config is assembled: ``searchr1.plugins.check_names``.)"""
         checks = [
             ("gamma", 0.0 <= self.gamma <= 1.0, "must be in [0, 1]"),
             ("lam", 0.0 <= self.lam <= 1.0, "must be in [0, 1]"),
@@ -135,11 +122,6 @@ class AlgorithmConfig:
             raise ValueError(
                 "algorithm.use_kl_loss and algorithm.use_kl_in_reward are both true: choose one place "
                 "for the KL penalty (loss = GRPO style, reward = PPO style)"
-            )
-        if self.filter_groups and registry.advantage_traits(self.advantage).needs_critic:
-            raise ValueError(
-                f"algorithm.filter_groups: with algorithm.advantage={self.advantage} (a critic baseline) a group "
-                "of equal rewards still has advantages; filtering is for group baselines (grpo, rloo, ...)"
             )
         if self.kl_topk_tokens > 0 and self.kl_loss_type == "token":
             raise ValueError(

@@ -113,6 +113,8 @@ def load_template(template: str) -> str | list[dict[str, str]]:
     import json
     from pathlib import Path
 
+    if template == AUTO:
+        raise ValueError("template auto is chosen with the tokenizer: resolve_template(template, tokenizer) first")
     if template == "instruct_1shot":
         return [dict(m) for m in ONE_SHOT_MESSAGES]
     if template == "instruct_2shot":
@@ -149,6 +151,26 @@ def load_template(template: str) -> str | list[dict[str, str]]:
     return text
 
 
+AUTO = "auto"
+"""``data.template`` / ``--template`` default: the model's chat template if it has one, else plain text."""
+
+
+def resolve_template(template: str, tokenizer: object) -> str:
+    """``auto``: ``instruct`` (Search-R1's instruction through the chat template) when ``tokenizer`` has
+    a chat template, ``base`` (plain text) otherwise; any other template as given."""
+    if template != AUTO:
+        return template
+    return "instruct" if getattr(tokenizer, "chat_template", None) else "base"
+
+
+def describe_template(asked: str, chosen: str) -> str:
+    """What a command prints about its prompt: ``instruct (auto: the model has a chat template)``."""
+    if asked != AUTO:
+        return chosen
+    why = "the model has a chat template" if chosen == "instruct" else "the model has no chat template"
+    return f"{chosen} (auto: {why})"
+
+
 def is_chat_template(template: str) -> bool:
     """Whether ``template`` is rendered through the tokenizer's chat template."""
     return template in CHAT_TEMPLATES or template.endswith((".json", ".yaml", ".yml"))
@@ -181,6 +203,7 @@ def render_messages(messages: list[dict[str, str]], template: str = "base", toke
 def build_prompt(question: str, template: str = "base", tokenizer: object = None) -> str:
     """The text the policy continues for ``question``.
 
+    ``auto``: ``instruct`` when ``tokenizer`` has a chat template, else ``base`` (``resolve_template``).
     ``base``: the Search-R1 instruction with the question (plain text, for base models).
     ``instruct``: the same instruction as a user message through ``tokenizer``'s chat template.
     ``instruct_1shot``: ``ONE_SHOT_MESSAGES`` through the chat template.
@@ -188,4 +211,5 @@ def build_prompt(question: str, template: str = "base", tokenizer: object = None
     A path: a ``.json`` / ``.yaml`` list of chat messages (through the chat template) or a text file,
     with a ``{question}`` slot.
     """
+    template = resolve_template(template, tokenizer)
     return render_messages(prompt_messages(question, template), template, tokenizer)

@@ -547,3 +547,12 @@ def write_world(world: World, out_dir: str | Path) -> dict[str, Path]:
     return paths
 
 
+def ensure_world(out_dir: str | Path, seed: int = 0) -> dict[str, Path]:
+    """The world of ``seed`` under ``out_dir``, generated once (a ``.complete`` marker says it is whole);
+    returns its files by stem (corpus, train, val, test)."""
+    out = Path(out_dir)
+    marker = out / ".complete"
+    if not marker.is_file():
+        write_world(generate_world(SynthConfig(seed=seed)), out)
+        marker.write_text("ok\n")
+    return {p.stem: p for p in out.glob("*.jsonl")}

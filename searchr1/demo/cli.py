@@ -12,7 +12,7 @@ folder. See ``searchr1.demo``.
     searchr1 demo                         # 3 seeds (0 1 2), controls, zero-shot row, NQ sample
     searchr1 demo --quick                 # seed 0, the search run only
     searchr1 demo --out runs/demo --algorithm rloo
-    searchr1 demo --seeds 4 5 trainer.actor_lr=1e-4 rollout.n=16
+    searchr1 demo trainer.actor_lr=1e-4 rollout.n=16 --seeds 4 5
 """
 
 from __future__ import annotations

@@ -88,13 +88,16 @@ def build_bm25(corpus_path: Path) -> Any:
     return BM25Retriever.from_documents(list(read_corpus(corpus_path)))
 
 
-def evaluate_policy(trainer: Any, samples: list[dict], out: Path, template: str, seed: int) -> dict[str, Any]:
-    """Greedy evaluation of the trainer's current policy on ``samples`` (written under ``out``)."""
+def evaluate_policy(
+    trainer: Any, samples: list[dict], out: Path, template: str, seed: int, engine: Any = None
+) -> dict[str, Any]:
+    """Greedy evaluation of the trainer's current policy on ``samples`` (written under ``out``), with the
+    trainer's engine or ``engine``."""
     from searchr1.evaluation import evaluate
 
     trainer.policy.eval()
     return evaluate(
-        trainer.engine,
+        engine or trainer.engine,
         samples,
         tokenizer=trainer.tokenizer,
         mode="agent",
@@ -207,18 +210,15 @@ def _line(summary: dict[str, Any], samples: list[dict], folder: Path) -> str:
 def _evaluate_nq(
     trainer: Any, nq: tuple[list[Any], Any] | None, out: Path, prompt_path: Path, seed: int
 ) -> dict[str, Any] | None:
-    """The policy on the real questions, searching their corpus (the trainer's engine, its retriever
-    swapped for the duration)."""
+    """The policy on the real questions, searching their corpus (an engine of its own on the trainer's
+    policy: an engine's retriever is given when it is built, never swapped)."""
     if nq is None:
         return None
+    from searchr1.rollout.registry import build_engine
+
     samples, retriever = nq
-    engine = trainer.engine
-    own = engine.retriever
-    engine.retriever = retriever
-    try:
-        return evaluate_policy(trainer, samples, out, str(prompt_path), seed)
-    finally:
-        engine.retriever = own
+    with build_engine(trainer.cfg, trainer.policy, trainer.tokenizer, retriever) as engine:
+        return evaluate_policy(trainer, samples, out, str(prompt_path), seed, engine=engine)
 
 
 def load_nq(folder: Path | None) -> tuple[list[Any], Any] | None:

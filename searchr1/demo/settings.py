@@ -71,8 +71,7 @@ def rl_config(
     extra: Sequence[str] = (),
 ) -> Any:
     """The RL configuration of one run: the shipped demo config plus the run's own keys."""
-    from searchr1.config import load_config
-    from searchr1.trainer.configs import shipped_config
+    from searchr1.config import load_config, shipped_config
 
     path = shipped_config(CONFIG_NAME)
     if path is None:

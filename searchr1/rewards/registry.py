@@ -21,6 +21,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from searchr1.data.prompts import INFO_CLOSE, INFO_OPEN
+from searchr1.registry import Registry
 from searchr1.rewards.embedding import answer_similarity
 from searchr1.rewards.format import FormatResult, check_format
 from searchr1.rewards.judge import JudgeClient
@@ -105,16 +106,18 @@ class RewardComponent:
         return [float(self.score(c)) for c in ctxs]
 
 
-REWARD_COMPONENTS: dict[str, type[RewardComponent]] = {}
+REWARD_COMPONENTS: Registry[type[RewardComponent]] = Registry("reward component", "reward.components")
 """Component name -> class; ``reward.components`` keys are looked up here."""
 
 
-def register_reward(name: str) -> Callable[[type[RewardComponent]], type[RewardComponent]]:
+def register_reward(
+    name: str, *, override: bool = False
+) -> Callable[[type[RewardComponent]], type[RewardComponent]]:
     """Class decorator: make a component selectable by name in ``reward.components``."""
 
     def deco(cls: type[RewardComponent]) -> type[RewardComponent]:
+        REWARD_COMPONENTS.add(name, cls, override=override)
         cls.name = name
-        REWARD_COMPONENTS[name] = cls
         return cls
 
     return deco
@@ -291,8 +294,4 @@ def build_component(name: str, cfg: RewardConfig) -> RewardComponent:
     """The component for a ``reward.components`` key (registered name or ``module:function``)."""
     if ":" in name:
         return UserFunction(cfg, name)
-    if name not in REWARD_COMPONENTS:
-        raise ValueError(
-            f"reward.components.{name}: unknown reward component; known: {', '.join(sorted(REWARD_COMPONENTS))}"
-        )
-    return REWARD_COMPONENTS[name](cfg)
+    return REWARD_COMPONENTS.lookup(name)(cfg)

@@ -9,10 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from searchr1.algorithms.presets import KNOWN_ALGORITHMS
-from searchr1.algorithms.registry import advantage_traits
-
-__all__ = ["KNOWN_ALGORITHMS", "ModelConfig", "TrainerConfig"]
+__all__ = ["ModelConfig", "TrainerConfig"]
 
 
 @dataclass
@@ -185,23 +182,3 @@ class TrainerConfig:
             raise ValueError("trainer.keep_best=val_em needs trainer.val_every > 0 (no validation, no best)")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"trainer.device: expected auto | cpu | cuda[:N], got {self.device!r}")
-        _validate_algorithm(root)
-
-
-def _validate_algorithm(root: Any) -> None:
-    """Cross-section check of the algorithm against the rollout group size: the estimator's
-    ``min_group_size``, as registered with it (``register_advantage(..., min_group_size=2)``).
-
-    (Registry names are checked by the ``algorithm`` section itself.)
-    """
-    algo = getattr(root, "algorithm", None)
-    rollout = getattr(root, "rollout", None)
-    if algo is None or rollout is None:
-        return
-    traits = advantage_traits(algo.advantage)
-    need = traits.group_size_needed(algo)
-    if rollout.n < need:
-        why = f" ({traits.group_size_reason})" if traits.group_size_reason else ""
-        raise ValueError(
-            f"rollout.n={rollout.n} with algorithm.advantage={algo.advantage}: it needs rollout.n >= {need}{why}"
-        )

@@ -17,7 +17,6 @@ from typing import Any
 import torch
 
 from searchr1.rollout.types import Role, Trajectory
-from searchr1.trainer.batching import longest_first, plan_buckets
 from searchr1.trainer.distributed import all_gather_objects
 
 PER_TOKEN = (
@@ -202,7 +201,7 @@ def micro_batches(
 
     With ``max_tokens > 0`` a micro-batch holds as many rows as fit ``rows * longest <= max_tokens``
     (at least one), so short sequences share a micro-batch and long ones get their own
-    (``searchr1.trainer.batching.plan_buckets``); otherwise ``max_rows`` rows each.
+    (``plan_buckets``); otherwise ``max_rows`` rows each.
     """
     rows = sorted(rows)  # index order = row order: equal lengths keep row order
     lengths = [int(seq_lens[r]) for r in rows]
@@ -212,3 +211,20 @@ def micro_batches(
         order, step = longest_first(lengths), max(1, max_rows)
         groups = [order[s : s + step] for s in range(0, len(order), step)]
     return [[rows[i] for i in g] for g in groups]
+
+
+def longest_first(lengths: Sequence[int]) -> list[int]:
+    """Row indices by decreasing length, ties in index order."""
+    return sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+
+
+def plan_buckets(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Groups of row indices, longest first, with ``len(group) * max_length(group) <= max_tokens``
+    (a sequence longer than ``max_tokens`` is alone): little padding, any attention kernel."""
+    groups: list[list[int]] = []
+    for i in longest_first(lengths):
+        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= max_tokens:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups

@@ -27,7 +27,7 @@ Alignment (the same for every function here): results are ``[B, T]`` like ``inpu
 ``t - 1``. Position 0 has no prefix and is 0. A position is *valid* (computed, otherwise 0) when it
 and its predecessor are real tokens (``attention_mask``) and, with ``position_ids``, it does not start
 a new sequence (``position_ids[b, t] != 0``): so packed rows (several sequences in one row with
-positions restarting at 0, see ``searchr1.trainer.batching``) never score a token from the previous
+positions restarting at 0) never score a token from the previous
 sequence's context.
 
 Distributed training: pass the bare model (or its peft wrapper) and wrap the *module that calls*
@@ -592,27 +592,3 @@ def token_logprobs(
 def _scatter_rows(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     out = values.new_zeros(valid.shape)
     return out.masked_scatter(valid, values)
-
-
-def naive_token_logprobs(
-    model: nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    position_ids: torch.Tensor | None = None,
-    *,
-    temperature: float = 1.0,
-    return_entropy: bool = False,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Reference implementation: full ``[B, T, V]`` logits from ``model(...)``, float32
-    ``log_softmax``, ``gather``. Same alignment and zeros as ``token_logprobs``; the tests' reference."""
-    logits = model(
-        input_ids=input_ids, use_cache=False, **attention_kwargs(model, attention_mask, position_ids)
-    ).logits
-    logp = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
-    valid = valid_target_mask(input_ids, attention_mask, position_ids)
-    lp = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-    out = F.pad(lp, (1, 0)) * valid
-    if return_entropy:
-        ent = -(logp.exp() * logp).sum(-1)
-        return out, F.pad(ent, (1, 0)) * valid
-    return out

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import math
 import signal
 import sys
@@ -33,13 +34,16 @@ import yaml
 from searchr1 import threads
 from searchr1.algorithms.advantages import compute_advantages, scores_to_token_rewards
 from searchr1.algorithms.aggregation import masked_mean
-from searchr1.algorithms.kl import AdaptiveKLController
+from searchr1.algorithms.kl import AdaptiveKLController, kl_penalty
 from searchr1.algorithms.reference import ema_update_
-from searchr1.config import to_dict
+from searchr1.data.formats import sample_meta, sample_prompt
+from searchr1.data.prompts import describe_template, resolve_template
 from searchr1.precision import autocast, fast_bf16, frozen_linears_to_bf16
 from searchr1.rewards.format import is_valid_format
 from searchr1.rollout.records import answer_and_scores, trajectory_record
-from searchr1.trainer import adapters, checkpoint, components
+from searchr1.rollout.registry import build_engine
+from searchr1.rollout.sampling import SamplingParams
+from searchr1.trainer import checkpoint, components
 from searchr1.trainer.distributed import (
     DistInfo,
     all_gather_objects,
@@ -53,6 +57,7 @@ from searchr1.trainer.distributed import (
     unwrap,
     wrap_model,
 )
+from searchr1.trainer.engine_weights import check_weight_format, hand_weights
 from searchr1.trainer.experience import (
     Experience,
     build_experience,
@@ -62,6 +67,7 @@ from searchr1.trainer.experience import (
 )
 from searchr1.trainer.health import CollapseMonitor, flat_group_share
 from searchr1.trainer.plots import write_plots
+from searchr1.trainer.policy import PolicyLogprobs
 from searchr1.trainer.schedule import PromptSampler, make_scheduler
 from searchr1.trainer.search_health import SearchAlert, SearchFailureMonitor, first_search_error
 from searchr1.trainer.tracking import MetricsLogger, ProgressBar
@@ -83,8 +89,9 @@ def _seed_for(*parts: int) -> int:
 class RLTrainer:
     """Trains a policy with the algorithm of ``cfg.algorithm`` (PPO/GAE, GRPO, RLOO, REINFORCE(++)).
 
-    Components may be injected (a model, a retriever, a reward function, samples); anything not
-    given is built from the configuration.
+    Components may be injected (a model, a retriever, a reward with ``score_trajectories(trajs, decode)``
+    such as ``searchr1.rewards.CompositeReward``, samples, a rollout engine); anything not given is built
+    from the configuration.
     """
 
     def __init__(
@@ -161,6 +168,10 @@ class RLTrainer:
         resume_from = checkpoint.resolve_resume(self.tcfg.resume, self.out_dir)
         built = components.build(self.cfg, self._injected, resume_from=resume_from)
         self.tokenizer = built.tokenizer
+        asked = self.cfg.data.template  # auto: the tokenizer's chat template, else base (recorded resolved)
+        self.cfg.data.template = resolve_template(asked, self.tokenizer)
+        if self.dist.is_main:
+            print(f"template: {describe_template(asked, self.cfg.data.template)}", file=sys.stderr)
         self.policy = built.policy.to(self.device)
         self.reference = built.reference.to(self.device) if built.reference is not None else None
         self.critic = built.critic.to(self.device) if built.critic is not None else None
@@ -168,17 +179,13 @@ class RLTrainer:
         self.reward_fn = built.reward_fn
         self.train_samples = built.train_samples
         self.val_samples = built.val_samples
-        self.engine = built.engine or adapters.make_engine(
-            self.cfg, self.policy, self.tokenizer, self.retriever
-        )
+        self.engine = built.engine or build_engine(self.cfg, self.policy, self.tokenizer, self.retriever)
         self.lora = built.lora
         self.base_model_path = built.model_path
         if self.lora and self.cfg.model.bf16_autocast and fast_bf16(self.device):
             frozen_linears_to_bf16(self.policy)
         self.actor = wrap_model(
-            adapters.PolicyLogprobs(
-                self.policy, share_prefix=self.tcfg.share_prompt_prefix, fused=self.tcfg.fused_update
-            ),
+            PolicyLogprobs(self.policy, share_prefix=self.tcfg.share_prompt_prefix, fused=self.tcfg.fused_update),
             self.dist,
             self.tcfg.strategy,
             self.device,
@@ -209,7 +216,16 @@ class RLTrainer:
         self.prompt_cache: dict[int, list[int]] = {}
         if resume_from is not None:
             self._load_state(resume_from)
+        check_weight_format(self.engine, self.lora)
+        self._hand_weights(self.step)  # the engine starts from the policy as set up (a resumed one included)
         self._setup_done = True
+
+    def _hand_weights(self, step: int) -> None:
+        """The rollout engine receives the policy's weights after ``step`` updates, in the form it takes."""
+        hand_weights(
+            self.engine, self.policy, step=step, tokenizer=self.tokenizer, lora=self.lora,
+            dist=self.dist, out_dir=self.out_dir,
+        )  # fmt: skip
 
     @torch.no_grad()
     def _fsdp_lazy_init(self) -> None:
@@ -251,7 +267,7 @@ class RLTrainer:
 
     def _prompt_ids(self, index: int) -> list[int]:
         if index not in self.prompt_cache:
-            text = adapters.prompt_text(self.train_samples[index], self.cfg.data.template, self.tokenizer)
+            text = sample_prompt(self.train_samples[index], self.cfg.data.template, self.tokenizer)
             self.prompt_cache[index] = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return self.prompt_cache[index]
 
@@ -265,18 +281,17 @@ class RLTrainer:
             gid = self.dist.rank * share + slot
             for k in range(n):
                 prompt_ids.append(self._prompt_ids(idx))
-                meta = adapters.sample_meta(self.train_samples[idx], idx)
+                meta = sample_meta(self.train_samples[idx], idx)
                 meta.update(group_id=gid, sample_in_group=k)
                 metas.append(meta)
                 groups.append(gid)
         self.policy.eval()
         t0 = time.perf_counter()
         with torch.no_grad(), self._autocast():
-            trajs = adapters.generate(
-                self.engine,
+            trajs = self.engine.generate(
                 prompt_ids,
                 metas,
-                adapters.sampling_params(self.cfg.rollout),
+                sampling=SamplingParams.from_config(self.cfg.rollout),
                 seed=_seed_for(self.cfg.seed, step, self.dist.rank),
             )
         return trajs, groups, time.perf_counter() - t0
@@ -319,7 +334,7 @@ class RLTrainer:
         """``[N, V]`` reference logits at the trained positions of a micro-batch (vocabulary KL)."""
         model = self.policy if self.lora else self.reference
         with self._reference_context():
-            _, _, logits, _ = adapters.PolicyLogprobs(model)(
+            _, _, logits, _ = PolicyLogprobs(model)(
                 mb.input_ids,
                 mb.attention_mask,
                 target_mask=mb.train_mask,
@@ -332,14 +347,14 @@ class RLTrainer:
         model = self.policy if self.lora else self.reference
         with self._reference_context():
             share = self.tcfg.share_prompt_prefix
-            module = adapters.PolicyLogprobs(model, share_prefix=share, fused=self.tcfg.fused_update)
+            module = PolicyLogprobs(model, share_prefix=share, fused=self.tcfg.fused_update)
             return self._per_token(module, exp, "logprobs")
 
     def make_experience(self, trajs: list[Any], groups: list[int]) -> tuple[Experience, dict[str, float]]:
         """Rewards, old / reference log-probs, values and advantages of a rollout batch."""
         decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
         t0 = time.perf_counter()
-        rewards = adapters.score(self.reward_fn, trajs, decode)
+        rewards = self.reward_fn.score_trajectories(trajs, decode)
         t_reward = time.perf_counter() - t0
         exp = build_experience(
             trajs,
@@ -362,7 +377,7 @@ class RLTrainer:
         token_rewards = None
         kl_metric = None
         if exp.ref_logprobs is not None and exp.old_logprobs is not None:
-            kl_mat = adapters.token_kl(exp.old_logprobs, exp.ref_logprobs, self.algo.kl_estimator)
+            kl_mat = kl_penalty(exp.old_logprobs, exp.ref_logprobs, self.algo.kl_estimator)
             kl_metric = float(masked_mean(kl_mat, exp.train_mask))
             if self.algo.use_kl_in_reward:
                 token_rewards = (
@@ -483,7 +498,7 @@ class RLTrainer:
             bf16_autocast=self.cfg.model.bf16_autocast,
             reference_logits_fn=self._reference_logits if self.algo.kl_loss_type != "token" else None,
         )
-        self.engine.update_weights()  # a generation copy (another dtype, merged LoRA) follows the policy
+        self._hand_weights(step + 1)
         metrics.update(upd_metrics)
         if skipped:
             self.nonfinite_in_a_row += 1
@@ -587,21 +602,17 @@ class RLTrainer:
         bs = max(1, self.tcfg.batch_size * self.cfg.rollout.n)
         for start in range(0, len(mine), bs):
             chunk = mine[start : start + bs]
-            metas = [adapters.sample_meta(samples[i], i) for i in chunk]
+            metas = [sample_meta(samples[i], i) for i in chunk]
             prompts = [
                 self.tokenizer(
-                    adapters.prompt_text(samples[i], self.cfg.data.template, self.tokenizer),
+                    sample_prompt(samples[i], self.cfg.data.template, self.tokenizer),
                     add_special_tokens=False,
                 )["input_ids"]
                 for i in chunk
             ]
             with self._autocast():
-                trajs = adapters.generate(
-                    self.engine,
-                    prompts,
-                    metas,
-                    adapters.sampling_params(self.cfg.rollout, greedy=True),
-                    seed=self.cfg.seed,
+                trajs = self.engine.generate(
+                    prompts, metas, sampling=SamplingParams.greedy_eval(self.cfg.rollout), seed=self.cfg.seed
                 )
             for traj, meta in zip(trajs, metas, strict=True):
                 m = self._answer_scores(traj, meta["golden_answers"])
@@ -670,7 +681,7 @@ class RLTrainer:
                 self.step,
                 write,
                 state,
-                yaml.safe_dump(to_dict(self.cfg), sort_keys=False),
+                yaml.safe_dump(dataclasses.asdict(self.cfg), sort_keys=False),
                 keep_last=self.tcfg.keep_last,
             )
         barrier(self.dist)
@@ -691,14 +702,16 @@ class RLTrainer:
             self.out_dir,
             self.tcfg.log_backends,
             enabled=is_main,
-            run_config=to_dict(self.cfg),
+            run_config=dataclasses.asdict(self.cfg),
             wandb_project=self.tcfg.wandb_project,
             wandb_mode=self.tcfg.wandb_mode,
             resume_step=self.step,
         )
         if is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            (self.out_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(self.cfg), sort_keys=False))
+            (self.out_dir / "config.yaml").write_text(
+                yaml.safe_dump(dataclasses.asdict(self.cfg), sort_keys=False)
+            )
         old_handlers = {}
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(ValueError):  # not in the main thread

@@ -24,11 +24,12 @@ import torch
 from searchr1 import threads
 from searchr1.algorithms.aggregation import AggNorms, agg_loss
 from searchr1.algorithms.config import AlgorithmConfig
+from searchr1.algorithms.kl import kl_penalty, vocab_kl_matrix
 from searchr1.algorithms.policy_losses import compute_policy_loss, llds_loss, value_loss
 from searchr1.precision import autocast
-from searchr1.trainer import adapters
 from searchr1.trainer.distributed import DistInfo, all_reduce_sum, no_sync
 from searchr1.trainer.experience import Experience, micro_batches, rank_share, split_groups
+from searchr1.trainer.policy import PolicyLogprobs
 
 
 @dataclass
@@ -199,12 +200,12 @@ def _optimizer_step(mini: Experience, s: _Step, sums: MetricSums) -> bool:
     return ok
 
 
-def _begin_shared_prefix(mini: Experience, s: _Step) -> adapters.PolicyLogprobs | None:
+def _begin_shared_prefix(mini: Experience, s: _Step) -> PolicyLogprobs | None:
     """Start the optimizer step's shared prompt prefix on the actor (computed once, attended by every
     micro-batch; ``PolicyLogprobs.begin_step``). Single process only: under DDP / FSDP the prefix's
     backward would run after the gradients were reduced."""
     actor = s.actor
-    if not isinstance(actor, adapters.PolicyLogprobs) or s.info.enabled or len(mini) < 2:
+    if not isinstance(actor, PolicyLogprobs) or s.info.enabled or len(mini) < 2:
         return None
     with autocast(s.device, s.bf16_autocast):
         started = actor.begin_step(
@@ -250,7 +251,7 @@ def _actor_loss(
         loss = loss - algo.entropy_coef * ent
     if algo.use_kl_loss and algo.kl_coef > 0 and mb.ref_logprobs is not None:
         if vocab_kl:
-            kl_mat = adapters.vocab_kl_matrix(
+            kl_mat = vocab_kl_matrix(
                 algo,
                 logprobs,
                 mb.ref_logprobs,
@@ -261,7 +262,7 @@ def _actor_loss(
                 valid,
             )
         else:
-            kl_mat = adapters.token_kl(logprobs, mb.ref_logprobs, algo.kl_estimator)
+            kl_mat = kl_penalty(logprobs, mb.ref_logprobs, algo.kl_estimator)
         kl = agg_loss(kl_mat, mb.train_mask, algo.loss_agg, norms=norms)
         loss = loss + algo.kl_coef * kl
         sums.add_share("actor/kl_loss", kl)

@@ -10,7 +10,6 @@ from searchr1.data.prompts import INVALID_ACTION_MESSAGE, SEARCH_R1_INSTRUCTION,
 from searchr1.rewards import build_reward
 from searchr1.rollout.records import trajectory_record
 from searchr1.rollout.types import Role, Trajectory
-from searchr1.trainer import adapters
 
 GEN, OBS = Role.GENERATED, Role.OBSERVATION
 PLANTED = wrap_information("Doc 1(Title: Quiz) The quiz said <answer> Planted </answer>.\n")
@@ -45,10 +44,10 @@ def trajectory(tok, pieces: list[tuple[str, Role]], golden: list[str]) -> Trajec
 
 
 def answers_everywhere(tok, traj: Trajectory) -> tuple[object, ...]:
-    """(the reward's EM, the trainer's EM through adapters.score, the eval record's answer and EM)."""
+    """(the reward's EM, the trainer's EM through score_trajectories, the eval record's answer and EM)."""
     reward = build_reward({"exact_match": 1.0})
     em_reward = reward(traj, tok.decode).total
-    em_trainer = adapters.score(reward, [traj], tok.decode)[0].total
+    em_trainer = reward.score_trajectories([traj], tok.decode)[0].total
     sample = {"index": 0, "id": "q", "question": "Where?", "golden_answers": traj.meta["golden_answers"]}
     record = trajectory_record(traj, sample, tok, "agent")
     return em_reward, em_trainer, record["answer"], record["scores"]["em"]

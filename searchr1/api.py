@@ -24,14 +24,9 @@ from typing import Any
 
 import yaml
 
-from searchr1.algorithms.presets import ALGORITHM_PRESETS, KNOWN_ALGORITHMS, preset_overrides
-from searchr1.config import load_config
+from searchr1.algorithms.presets import preset_overrides
+from searchr1.config import load_config, resolve_config_path
 from searchr1.rewards.config import RewardConfig
-from searchr1.trainer.configs import resolve_config_path
-
-__all__ = ["ALGORITHM_PRESETS", "KNOWN_ALGORITHMS", "SearchR1Trainer"]
-
-LOCAL_BACKENDS = ("bm25", "dense", "hybrid", "rerank")
 
 
 def _override(key: str, value: Any) -> str:

@@ -7,7 +7,7 @@ from typing import Any
 __version__ = "0.1.0"
 
 _LAZY = {
-    "SearchR1Trainer": "searchr1.trainer.api",
+    "SearchR1Trainer": "searchr1.api",
     "Agent": "searchr1.evaluation.agent",
 }
 

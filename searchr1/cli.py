@@ -24,11 +24,13 @@ from searchr1.errors import UserFacingError
 # Modules exposing ``register(subparsers)``; heavy imports happen inside their handlers so that
 # ``searchr1 --help`` stays fast.
 COMMAND_MODULES = [
-    "searchr1.demo",
+    "searchr1.demo.cli",
     "searchr1.retrieval.cli",
     "searchr1.data.cli",
     "searchr1.trainer.cli",
     "searchr1.evaluation.cli",
+    "searchr1.evaluation.ask_cli",
+    "searchr1.report.cli",
     "searchr1.bench.cli",
 ]
 
@@ -84,13 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:  # a package still under construction
-            if exc.name != name:
-                raise
-            continue
-        module.register(sub)
+        importlib.import_module(name).register(sub)
     return parser
 
 

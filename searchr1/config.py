@@ -3,7 +3,8 @@
 Every subcommand shares the same tree (``SearchR1Config``); each package owns its section
 (``retrieval``, ``data``, ``rollout``, ``reward``, ``algorithm``, ``trainer``, ...), documented field by
 field. Loading is strict: an unknown key or a value of the wrong type raises ``ConfigError`` naming
-the dotted key, before any model or index is touched.
+the dotted key, before any model or index is touched. The modules listed under ``plugins`` are
+imported first, so the names they register are valid everywhere (``searchr1.plugins``).
 
     cfg = load_config("my_recipe.yaml", ["trainer.total_steps=200", "rollout.n=5"])
 """
@@ -14,7 +15,7 @@ import dataclasses
 import difflib
 import types
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
@@ -23,12 +24,16 @@ import yaml
 
 from searchr1.algorithms.config import AlgorithmConfig
 from searchr1.data.config import DataConfig
+from searchr1.plugins import PluginError, check_names, check_traits, import_plugins, known_names
 from searchr1.retrieval.config import RetrievalConfig
 from searchr1.rewards.config import RewardConfig
 from searchr1.rollout.config import RolloutConfig
 from searchr1.trainer.config import ModelConfig, TrainerConfig
 
 T = TypeVar("T")
+
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+"""The configs shipped with the package (``searchr1/configs/*.yaml``), selectable by name."""
 
 
 class ConfigError(ValueError):
@@ -39,6 +44,11 @@ class ConfigError(ValueError):
 class SearchR1Config:
     """The whole configuration tree shared by every subcommand."""
 
+    plugins: list[str] = field(default_factory=list)
+    """User modules imported before this config is checked (module names or .py files; `--plugin` adds
+    more): the reward components, algorithms, search backends and rollout engines they register can be
+    named in the config. A module not found on sys.path is looked for beside the config file, then in
+    the current folder."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The policy (and critic) model: hub id or local folder, dtype, LoRA."""
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
@@ -203,9 +213,13 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str], cls: type = 
 
 
 def load_config(
-    path: str | Path | None = None, overrides: Iterable[str] = (), cls: type[T] = SearchR1Config
+    path: str | Path | None = None,
+    overrides: Iterable[str] = (),
+    cls: type[T] = SearchR1Config,
+    plugins: Sequence[str] = (),
 ) -> T:
-    """Load ``cls`` from an optional YAML file plus dotted overrides, then run cross-field checks."""
+    """Load ``cls`` from an optional YAML file plus dotted overrides, import its plugins (the config's
+    ``plugins`` list, then ``plugins``: the ``--plugin`` flags), then run every check."""
     data: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
@@ -219,34 +233,61 @@ def load_config(
             raise ConfigError(f"config file {path} must hold a mapping at the top level")
         data = loaded
     apply_overrides(data, overrides, cls)
+    if cls is SearchR1Config:
+        data["plugins"] = _import_plugins(data.get("plugins"), plugins, path)
     cfg = from_dict(cls, data)
     validate(cfg)
     return cfg
 
 
-def validate(cfg: Any, root: Any | None = None, prefix: str = "") -> None:
-    """Call ``validate(root)`` on every section that defines it (cross-field checks).
+def _import_plugins(listed: Any, extra: Sequence[str], path: Path | None) -> list[str]:
+    """Import the config's plugins and the extra ones (once each, in order); returns them all, so that a
+    config written out (``config.yaml`` of a run) imports them again."""
+    names = _coerce([] if listed is None else listed, list[str], "plugins")
+    names += [p for p in extra if p not in names]
+    folders = [*([path.parent] if path is not None else []), Path.cwd()]
+    try:
+        import_plugins(names, folders)
+    except PluginError as exc:
+        raise ConfigError(str(exc)) from exc
+    return names
 
-    A section's ``validate`` raises ``ConfigError`` (or ``ValueError``, re-raised as ``ConfigError``)
-    with the dotted key in the message.
-    """
-    root = cfg if root is None else root
+
+def validate(cfg: Any) -> None:
+    """Check an assembled config: every registered name it gives (``searchr1.plugins.check_names``),
+    then each section's own ``validate(root)``, then what the named entries need of the rest
+    (``check_traits``). Every error is a ``ConfigError`` naming the dotted key."""
+    whole = isinstance(cfg, SearchR1Config)
+    if whole:
+        _as_config_error(check_names, cfg)
+    _validate_sections(cfg, cfg)
+    if whole:
+        _as_config_error(check_traits, cfg)
+
+
+def _validate_sections(cfg: Any, root: Any) -> None:
+    """Call ``validate(root)`` on every section that defines it, innermost first."""
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
         if dataclasses.is_dataclass(value):
-            validate(value, root, _join(prefix, f.name))
+            _validate_sections(value, root)
     check = getattr(cfg, "validate", None)
     if callable(check):
-        try:
-            check(root)
-        except ConfigError:
-            raise
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from exc
+        _as_config_error(check, root)
+
+
+def _as_config_error(check: Any, arg: Any) -> None:
+    try:
+        check(arg)
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def describe(cls: type = SearchR1Config, prefix: str = "") -> list[tuple[str, str, str]]:
-    """(dotted key, default, doc) for every leaf field: the documentation behind ``--help``."""
+    """(dotted key, default, doc) for every leaf field: what ``searchr1 train --list-keys`` prints. A key
+    that names a registered entry lists the registered names (built-ins and plugins)."""
     import ast
     import inspect
 
@@ -278,5 +319,37 @@ def describe(cls: type = SearchR1Config, prefix: str = "") -> list[tuple[str, st
             default = repr(f.default_factory())  # type: ignore[misc]
         else:
             default = "(required)"
-        rows.append((key, default, docs.get(f.name, "")))
+        doc = docs.get(f.name, "")
+        known = known_names(key)
+        if known is not None:
+            doc = f"{doc} Registered: {', '.join(known)}."
+        rows.append((key, default, doc))
     return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# the configs shipped with the package
+# ---------------------------------------------------------------------------------------------
+
+
+def shipped_configs() -> dict[str, Path]:
+    """Name (file stem) -> path of every shipped config (``tiny_cpu``, ``grpo_qwen2.5_3b``, ...)."""
+    return {p.stem: p for p in sorted(CONFIG_DIR.glob("*.yaml"))}
+
+
+def shipped_config(name: str) -> Path | None:
+    """The shipped config called ``name`` (with or without ``.yaml``), or None."""
+    return shipped_configs().get(name.removesuffix(".yaml"))
+
+
+def resolve_config_path(path: str | Path | None) -> str | None:
+    """A config file path, or the name of a shipped config (``searchr1 train --config tiny_cpu``,
+    ``SearchR1Trainer(config="tiny_cpu")``); anything else is returned as given (``load_config`` then
+    says the file is missing)."""
+    if path is None:
+        return None
+    path = str(path)
+    if Path(path).is_file():
+        return path
+    found = shipped_config(path)
+    return str(found) if found else path

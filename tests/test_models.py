@@ -157,7 +157,7 @@ def test_any_gguf_path_converts_with_the_real_loader(tmp_path, monkeypatch):
 def test_a_checkpoint_trained_from_it_loads_with_plain_transformers(smollm2_dir, tmp_path):
     """One RL step from the packaged model; the checkpoint's model folder loads in a Python that imports
     nothing of ours and gives the same logits."""
-    from searchr1.trainer.api import SearchR1Trainer
+    from searchr1.api import SearchR1Trainer
 
     trainer = SearchR1Trainer(
         model_name="smollm2-135m-instruct",

@@ -65,7 +65,6 @@ _EXPORTS = {
     "POLICY_LOSSES": "registry",
     "KL_ESTIMATORS": "registry",
     "LOSS_AGGREGATIONS": "registry",
-    "Registry": "registry",
     "register_advantage": "registry",
     "register_policy_loss": "registry",
     "register_kl_estimator": "registry",
@@ -136,8 +135,6 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module 'searchr1.algorithms' has no attribute '{name}'")
     value = getattr(importlib.import_module(f"searchr1.algorithms.{module}"), name)
-    if module == "registry":
-        importlib.import_module("searchr1.algorithms.registry").ensure_builtins()
     globals()[name] = value
     return value
 

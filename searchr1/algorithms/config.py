@@ -1,8 +1,8 @@
 """Configuration of the RL algorithm (section ``algorithm``).
 
-Every string naming an estimator, loss, KL estimator or aggregation is looked up in the registries
-of :mod:`searchr1.algorithms.registry` (so a user-registered name is accepted too); ``validate``
-checks the names and the numeric ranges and names the dotted key in its error.
+Every string naming an estimator, loss, KL estimator or aggregation is a name in one of the registries
+of :mod:`searchr1.algorithms.registry` (a user-registered name too); the assembled config checks the
+names (``searchr1.plugins``), ``validate`` the numeric ranges, each error naming the dotted key.
 """
 
 from __future__ import annotations
@@ -10,14 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from searchr1.algorithms import registry
-
 
 @dataclass
 class AlgorithmConfig:
     # -- advantage estimation ---------------------------------------------------------------------
     advantage: str = "grpo"
-    """Advantage estimator by registry name: gae | grpo | rloo | reinforce | reinforce_plus_plus | reinforce_plus_plus_baseline."""
+    """Advantage estimator by registered name (`--list-keys` lists them; a plugin adds its own)."""
     gamma: float = 1.0
     """Discount factor over generated tokens (gae, reinforce_plus_plus)."""
     lam: float = 1.0
@@ -34,9 +32,9 @@ class AlgorithmConfig:
     """reinforce running_mean baseline: b <- m * b + (1 - m) * batch mean reward."""
     # -- policy loss ------------------------------------------------------------------------------
     policy_loss: str = "ppo"
-    """Policy loss by registry name: ppo | gspo | vanilla."""
+    """Policy loss by registered name: ppo (clip-higher, dual clip), gspo, vanilla, or a plugin's."""
     loss_agg: str = "token-mean"
-    """Loss aggregation: token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm."""
+    """Loss aggregation by registered name (token-mean, seq-mean-token-sum, ...)."""
     loss_agg_norm_len: int = 0
     """seq-mean-token-sum-norm: constant token budget dividing each sequence sum (0 = padded response length)."""
     clip_ratio_low: float = 0.2
@@ -49,6 +47,14 @@ class AlgorithmConfig:
     """Weight of the entropy bonus (loss -= entropy_coef * entropy)."""
     value_clip: float = 0.5
     """PPO critic: new values are clipped to old_values +- value_clip (0 disables)."""
+    llds_coef: float = 0.0
+    """Weight of the LLDS likelihood-preserving term (Deng et al. 2025); 0 = off. It acts only where a token's log-prob fell below the rollout policy's: after the first optimizer step of a batch (ppo_epochs > 1 or several mini-batches)."""
+    llds_threshold: float = 0.0
+    """LLDS: a response is regularised only when its summed log-likelihood fell by more than this."""
+    llds_positive_only: bool = True
+    """LLDS: regularise only responses with a positive advantage (the displaced likelihood of good answers)."""
+    filter_groups: bool = False
+    """Drop groups whose rewards are all equal from the update (DAPO's dynamic sampling without the refill, Yu et al. 2025): under group baselines they carry no advantage, so the gradient's direction is unchanged and the update is cheaper; a step with no such group makes no update."""
     # -- KL regularisation ------------------------------------------------------------------------
     use_kl_loss: bool = True
     """Add kl_coef * KL(policy || reference) to the actor loss (GRPO style)."""
@@ -57,7 +63,7 @@ class AlgorithmConfig:
     kl_coef: float = 0.001
     """KL weight (the initial value when kl_ctrl=adaptive)."""
     kl_estimator: str = "low_var_kl"
-    """Per-token KL estimator on sampled tokens: kl (k1) | mse (k2) | low_var_kl (k3) | abs | k3+ (k3 value, k2 gradient)."""
+    """Per-token KL estimator on sampled tokens by registered name: kl (k1), mse (k2), low_var_kl (k3), abs, k3+ (k3 value, k2 gradient)."""
     kl_loss_type: Literal["token", "full_reverse", "full_forward"] = "token"
     """KL in the loss: token (kl_estimator on the sampled token) | full_reverse KL(pi||ref) | full_forward KL(ref||pi) over the vocabulary."""
     kl_topk_tokens: int = 0
@@ -83,19 +89,8 @@ class AlgorithmConfig:
     """EMA reference: apply the EMA update every N training steps (EMA-PG: 10)."""
 
     def validate(self, root: Any = None) -> None:
-        """Check registry names and numeric ranges; errors name the dotted key."""
-        registry.ensure_builtins()
-        for key, reg in (
-            ("advantage", registry.ADVANTAGE_ESTIMATORS),
-            ("policy_loss", registry.POLICY_LOSSES),
-            ("loss_agg", registry.LOSS_AGGREGATIONS),
-            ("kl_estimator", registry.KL_ESTIMATORS),
-        ):
-            name = getattr(self, key)
-            if name not in reg:
-                raise ValueError(
-                    f"algorithm.{key}: unknown {reg.kind} '{name}'; registered: {', '.join(reg.names())}"
-                )
+        """Check the numeric ranges and combinations; errors name the dotted key. (The names are checked
+        against the registries where the config is assembled: ``searchr1.plugins.check_names``.)"""
         checks = [
             ("gamma", 0.0 <= self.gamma <= 1.0, "must be in [0, 1]"),
             ("lam", 0.0 <= self.lam <= 1.0, "must be in [0, 1]"),
@@ -110,6 +105,8 @@ class AlgorithmConfig:
             ("clip_ratio_high", self.clip_ratio_high >= 0.0, "must be >= 0"),
             ("clip_ratio_c", self.clip_ratio_c == 0.0 or self.clip_ratio_c > 1.0, "must be 0 (off) or > 1"),
             ("value_clip", self.value_clip >= 0.0, "must be >= 0"),
+            ("llds_coef", self.llds_coef >= 0.0, "must be >= 0"),
+            ("llds_threshold", self.llds_threshold >= 0.0, "must be >= 0"),
             ("kl_coef", self.kl_coef >= 0.0, "must be >= 0"),
             ("kl_topk_tokens", self.kl_topk_tokens >= 0, "must be >= 0"),
             ("kl_chunk_size", self.kl_chunk_size >= 1, "must be >= 1"),

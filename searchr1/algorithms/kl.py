@@ -17,7 +17,7 @@ the top-k tokens plus a sampled tail (EMA-PG, Zhang & Ba 2026, "EMA Policy Gradi
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -270,3 +270,29 @@ def build_kl_controller(config: AlgorithmConfig) -> FixedKLController | Adaptive
     if config.kl_ctrl == "adaptive":
         return AdaptiveKLController(config.kl_coef, config.kl_target, config.kl_horizon)
     return FixedKLController(config.kl_coef)
+
+
+def vocab_kl_matrix(
+    algo: Any,
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    logits: torch.Tensor,
+    ref_logits: torch.Tensor,
+    input_ids: torch.Tensor,
+    valid: torch.Tensor,
+) -> torch.Tensor:
+    """``[B, T]`` KL over the vocabulary (full or top-k, ``algorithm.kl_loss_type``) at the ``valid``
+    positions, from the ``[N, V]`` logits of policy and reference there (``kl_loss_matrix`` on one row of
+    the N valid positions, scattered back; zero elsewhere)."""
+    tokens = input_ids[valid]
+    kl_rows = kl_loss_matrix(
+        algo,
+        log_prob=logprobs[valid][None],
+        ref_log_prob=ref_logprobs[valid][None],
+        old_log_prob=old_logprobs[valid][None],
+        logits=logits[None],
+        ref_logits=ref_logits[None],
+        tokens=tokens[None],
+    )[0]
+    return kl_rows.new_zeros(valid.shape).masked_scatter(valid, kl_rows)

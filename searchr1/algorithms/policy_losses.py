@@ -147,6 +147,40 @@ def vanilla_pg_loss(
     return loss, _ratio_metrics(log_ratio, mask)
 
 
+def llds_loss(
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    config: AlgorithmConfig | None = None,
+    loss_agg: str | None = None,
+    norms: AggNorms | None = None,
+) -> Tensor:
+    """LLDS, the likelihood-preserving regulariser of Deng et al. 2025 ("On GRPO Collapse in Search-R1:
+    the Lazy Likelihood-Displacement Death Spiral", arXiv 2512.04220), as read from the paper:
+
+        d_it = log pi_old(y_it) - log pi(y_it)           how far token t's likelihood fell
+        D_i  = sum_t m_it d_it                           the response's log-likelihood drop
+        g_i  = [D_i > tau] * [A_i > 0 if positive_only]  act only on responses whose likelihood fell
+        l_it = g_i * max(d_it, 0)                        and only on the tokens that fell
+        L    = agg(l)                                    (loss_agg, like the policy loss)
+
+    (tau = ``llds_threshold``; A_i the response's advantage, its mean over generated tokens.) It is
+    zero while pi = pi_old, so it acts from the second optimizer step on one rollout batch
+    (``ppo_epochs > 1`` or several mini-batches), never in a one-step on-policy update.
+    """
+    cfg = config or AlgorithmConfig()
+    mask = response_mask.bool()
+    drop = _zero_masked(old_log_prob - log_prob, mask)
+    gate = drop.detach().sum(dim=-1) > cfg.llds_threshold
+    if cfg.llds_positive_only:
+        adv = _zero_masked(advantages, mask).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)
+        gate &= adv > 0
+    loss_mat = drop.clamp(min=0.0) * gate.unsqueeze(-1).to(drop.dtype)
+    return agg_loss(loss_mat, mask, loss_agg or cfg.loss_agg, norms=norms)
+
+
 def compute_policy_loss(
     log_prob: Tensor,
     old_log_prob: Tensor,

@@ -8,7 +8,7 @@
         return advantages, returns
 
 Then ``algorithm.advantage=my_estimator`` selects it; the trainer never changes. The module holding
-the decorated function must be imported before the config is validated (e.g. in the user's script).
+the decorated function is named in the config's ``plugins:`` (or imported by the user's script).
 
 What the rest of the code must know about an estimator is said where it is registered, as traits
 (``AdvantageTraits``), and asked from here, never from a list of names elsewhere:
@@ -16,17 +16,17 @@ What the rest of the code must know about an estimator is said where it is regis
     @register_advantage("my_critic_estimator", needs_critic=True)     # the trainer builds a critic
     @register_advantage("my_group_estimator", min_group_size=2)       # config: rollout.n >= 2
 
-This module imports no torch, so ``searchr1.config`` stays light.
+Each registry is a ``searchr1.registry.Registry``; the built-in functions live in modules that import
+torch, imported on the registry's first use, so this module stays light.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
-F = TypeVar("F", bound=Callable[..., Any])
+from searchr1.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -47,87 +47,31 @@ class AdvantageTraits:
         return int(need(algorithm) if callable(need) else need)
 
 
-class Registry(dict[str, Callable[..., Any]]):
-    """A ``name -> function`` dict with a ``register`` decorator and errors that list the known names.
-
-    With ``traits`` (a dataclass), ``register(name, **traits)`` also records what the rest of the code
-    needs to know about the entry; ``traits_of(name)`` answers (the dataclass's defaults if none given).
-    """
-
-    def __init__(self, kind: str, config_key: str, traits: type | None = None) -> None:
-        super().__init__()
-        self.kind = kind
-        self.config_key = config_key
-        self.traits_type = traits
-        self._traits: dict[str, Any] = {}
-
-    def register(self, name: str, *aliases: str, override: bool = False, **traits: Any) -> Callable[[F], F]:
-        """Decorator registering ``fn`` under ``name`` (and ``aliases``); refuses silent redefinition."""
-        if traits and self.traits_type is None:
-            raise TypeError(f"{self.kind} '{name}': this registry takes no traits, got {sorted(traits)}")
-        info = self.traits_type(**traits) if self.traits_type is not None else None
-
-        def deco(fn: F) -> F:
-            for key in (name, *aliases):
-                if key in self and self[key] is not fn and not override:
-                    raise ValueError(
-                        f"{self.kind} '{key}' is already registered ({self[key].__module__}."
-                        f"{self[key].__qualname__}); pass override=True to replace it"
-                    )
-                self[key] = fn
-                self._traits[key] = info
-            return fn
-
-        return deco
-
-    def traits_of(self, name: str) -> Any:
-        """The traits registered with ``name`` (``ValueError`` naming the config key if unknown)."""
-        self.lookup(name)
-        info = self._traits.get(name)
-        if info is None and self.traits_type is not None:
-            return self.traits_type()  # set by plain item assignment: the defaults
-        return info
-
-    def lookup(self, name: str) -> Callable[..., Any]:
-        """The function registered as ``name``; ``ValueError`` naming the config key if unknown.
-
-        (``dict.get`` keeps its usual meaning: ``None`` or a default for an unknown name.)
-        """
-        ensure_builtins()
-        try:
-            return self[name]
-        except KeyError:
-            raise ValueError(
-                f"{self.config_key}: unknown {self.kind} '{name}'; registered: {', '.join(self.names())}"
-            ) from None
-
-    def names(self) -> list[str]:
-        """Registered names, sorted."""
-        return sorted(self)
-
-
-ADVANTAGE_ESTIMATORS = Registry("advantage estimator", "algorithm.advantage", traits=AdvantageTraits)
-POLICY_LOSSES = Registry("policy loss", "algorithm.policy_loss")
-KL_ESTIMATORS = Registry("KL estimator", "algorithm.kl_estimator")
-LOSS_AGGREGATIONS = Registry("loss aggregation", "algorithm.loss_agg")
-
-register_advantage = ADVANTAGE_ESTIMATORS.register
-register_policy_loss = POLICY_LOSSES.register
-register_kl_estimator = KL_ESTIMATORS.register
-register_loss_agg = LOSS_AGGREGATIONS.register
-
 _BUILTIN_MODULES = (
     "searchr1.algorithms.aggregation",
     "searchr1.algorithms.advantages",
     "searchr1.algorithms.policy_losses",
     "searchr1.algorithms.kl",
 )
+"""The modules that register the built-in functions (they import torch: imported on first use)."""
 
+ADVANTAGE_ESTIMATORS: Registry[Callable[..., Any]] = Registry(
+    "advantage estimator", "algorithm.advantage", traits=AdvantageTraits, builtins=_BUILTIN_MODULES
+)
+POLICY_LOSSES: Registry[Callable[..., Any]] = Registry(
+    "policy loss", "algorithm.policy_loss", builtins=_BUILTIN_MODULES
+)
+KL_ESTIMATORS: Registry[Callable[..., Any]] = Registry(
+    "KL estimator", "algorithm.kl_estimator", builtins=_BUILTIN_MODULES
+)
+LOSS_AGGREGATIONS: Registry[Callable[..., Any]] = Registry(
+    "loss aggregation", "algorithm.loss_agg", builtins=_BUILTIN_MODULES
+)
 
-def ensure_builtins() -> None:
-    """Import the modules that register the built-in functions (they import torch, hence lazily)."""
-    for module in _BUILTIN_MODULES:
-        importlib.import_module(module)
+register_advantage = ADVANTAGE_ESTIMATORS.register
+register_policy_loss = POLICY_LOSSES.register
+register_kl_estimator = KL_ESTIMATORS.register
+register_loss_agg = LOSS_AGGREGATIONS.register
 
 
 def get_advantage_estimator(name: str) -> Callable[..., Any]:

@@ -15,9 +15,6 @@
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,72 +23,9 @@ from typing import Any
 import numpy as np
 
 from searchr1.bench import BenchResult
+from searchr1.bench.workload import free_port, make_corpus, make_queries, sample_corpus, start_server
 
 BATCHES = (1, 32, 128, 512)
-
-
-def make_corpus(n: int, seed: int, vocab: int = 30_000, words: int = 60):
-    """``n`` passages of ``words`` Zipf(1.1)-distributed pseudo-words, each titled by two rare words."""
-    from searchr1.retrieval.corpus import Document
-
-    rng = np.random.default_rng(seed)
-    syll = np.array(
-        ["ka", "lo", "mi", "ve", "ta", "do", "qu", "be", "za", "rh", "fe", "gu", "pr", "st", "wo", "ni"]
-    )
-    lexicon = [
-        "".join(syll[rng.integers(0, len(syll), rng.integers(2, 5))]) + str(i % 7) for i in range(vocab)
-    ]
-    ranks = np.minimum(rng.zipf(1.1, size=(n, words)), vocab) - 1
-    docs = []
-    for i in range(n):
-        title = f"{lexicon[rng.integers(vocab // 2, vocab)]} {lexicon[rng.integers(vocab // 2, vocab)]}"
-        docs.append(Document(str(i), title, " ".join(lexicon[r] for r in ranks[i])))
-    return docs
-
-
-def make_queries(docs, n: int, seed: int) -> list[str]:
-    """Queries of 3-6 words taken from random passages (title words included half the time)."""
-    rng = np.random.default_rng(seed + 1)
-    out = []
-    for _ in range(n):
-        d = docs[int(rng.integers(0, len(docs)))]
-        words = d.text.split()
-        picked = [words[int(j)] for j in rng.integers(0, len(words), int(rng.integers(3, 7)))]
-        if rng.random() < 0.5:
-            picked.append(d.title.split()[0])
-        out.append(" ".join(picked))
-    return out
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start_server(index: Path, port: int, extra: list[str] | None = None) -> subprocess.Popen:
-    """``searchr1 serve`` on 127.0.0.1:``port`` in a separate process, once it answers /health."""
-    import httpx
-
-    env = {**os.environ, "SEARCHR1_API_KEY": ""}
-    log = index.parent / "server.log"  # a file, not a pipe: a full pipe would stall the server
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "searchr1.cli", "serve", "--index", str(index), "--port", str(port),
-             "--host", "127.0.0.1", "--max-queries", "1024", *(extra or [])],
-            env=env, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"server did not start: {log.read_text(errors='replace')[-2000:]}")
-        time.sleep(0.2)
 
 
 def _percentiles(lat: list[float]) -> tuple[float, float]:
@@ -117,7 +51,7 @@ def bench_bm25(
     build_index(corpus, workdir / "bm25", show_progress=False)
     build_s = time.perf_counter() - t0
     local = load_index(workdir / "bm25")
-    server = _start_server(workdir / "bm25", port := _free_port(), ["--no-access-log"])
+    server = start_server(workdir / "bm25", port := free_port(), ["--no-access-log"])
     client = RetrievalClient(f"http://127.0.0.1:{port}", timeout_s=120, retries=0)
     rows = []
     try:
@@ -268,8 +202,6 @@ def add_arguments(parser: Any) -> None:
 
 def run(args) -> BenchResult:
     import torch
-
-    from searchr1.bench.server_load import sample_corpus
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(2)

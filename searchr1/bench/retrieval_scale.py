@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -43,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from searchr1.bench import BenchResult, format_table
-from searchr1.bench.server_load import sample_corpus
+from searchr1.bench.workload import free_port, sample_corpus
 from searchr1.retrieval.corpus import Document, read_corpus
 from searchr1.retrieval.dense import Encoder, set_search_params
 from searchr1.retrieval.dense_build import DenseIndexSpec, build_from_vectors, read_index
@@ -426,12 +425,6 @@ def _probe_dense(task: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def serve_bm25(index: Path, queries: list[str], threads: int, total: int, log: Path) -> dict[str, Any]:
     """Start ``searchr1 serve`` on the index (its own process) and query it over HTTP: start time
     (launch to /health answering), RSS after start and after ``total`` queries, queries/s at batch 1
@@ -440,7 +433,7 @@ def serve_bm25(index: Path, queries: list[str], threads: int, total: int, log: P
 
     from searchr1.retrieval.client import RetrievalClient
 
-    port = _free_port()
+    port = free_port()
     env = {**thread_env(threads), "SEARCHR1_API_KEY": ""}
     t = time.perf_counter()
     with log.open("ab") as out:

@@ -32,9 +32,9 @@ from typing import Any
 import numpy as np
 
 from searchr1.bench import BenchResult
+from searchr1.bench.workload import free_port, make_corpus, make_queries, sample_corpus, start_server
 
 HOST = "127.0.0.1"
-SAMPLE = Path("shared") / "data" / "flashrag-sample" / "wiki18_sample_corpus.jsonl"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,15 +55,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="OPTION",
         help="extra option of `searchr1 serve`, e.g. --server-option=--max-batch-queries=64",
     )
-
-
-def sample_corpus(start: Path | None = None) -> Path | None:
-    """The wiki-18 sample (``shared/data/flashrag-sample``) in the repository or a folder above it."""
-    here = (start or Path(__file__)).resolve()
-    for folder in here.parents:
-        if (folder / SAMPLE).is_file():
-            return folder / SAMPLE
-    return None
 
 
 # -- the client ------------------------------------------------------------------------------------
@@ -235,7 +226,6 @@ def _row(phase: str, clients: int, tally: Tally, seconds: float | None = None) -
 def run(args: argparse.Namespace) -> BenchResult:
     import httpx
 
-    from searchr1.bench.retrieval import _free_port, _start_server, make_corpus, make_queries
     from searchr1.retrieval.corpus import read_corpus, write_corpus
     from searchr1.retrieval.index import build_index
 
@@ -250,7 +240,7 @@ def run(args: argparse.Namespace) -> BenchResult:
         docs = list(read_corpus(corpus))
         queries = make_queries(docs, 2_000, seed)
         build_index(corpus, work / "bm25", show_progress=False)
-        server = _start_server(work / "bm25", port := _free_port(), list(args.server_option))
+        server = start_server(work / "bm25", port := free_port(), list(args.server_option))
         try:
             limits = httpx.get(f"http://{HOST}:{port}/health", timeout=10).json()["limits"]
             alone, alone_s, _ = asyncio.run(

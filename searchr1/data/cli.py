@@ -24,15 +24,15 @@ EXAMPLES_SYNTH = """examples:
 """
 
 EXAMPLES_PREPARE = """examples:
-  searchr1 data prepare --source nq --input nq_train.jsonl --split train --out data/nq_train.parquet
-  searchr1 data prepare --source hotpotqa --input hotpotqa_dev.jsonl --split test --template instruct --out hq.parquet
-  searchr1 data prepare --source nq --input RUC-NLPIR/FlashRAG_datasets:nq --split test --out nq_test.parquet
-  searchr1 data prepare --input mine.jsonl --template my_template.txt --skip-bad --out mine.parquet
+  searchr1 data prepare --source nq --input shared/data/flashrag-sample/nq_test_sample.jsonl --split test \\
+      --out data/nq_test.parquet
+  searchr1 data prepare --input data/world/train.jsonl --template instruct --skip-bad --out data/world_train.parquet
+  searchr1 data prepare --source nq --input RUC-NLPIR/FlashRAG_datasets:nq --split train --out data/nq_train.parquet
 """
 
 EXAMPLES_MERGE = """examples:
-  searchr1 data merge data/nq_train.parquet data/hotpotqa_train.parquet --out data/train.parquet
-  searchr1 data merge data/*_test.parquet --out data/test.parquet --shuffle --seed 0
+  searchr1 data merge data/nq_train.parquet data/world_train.parquet --out data/train.parquet --shuffle --seed 0
+  searchr1 data merge data/nq_test.parquet data/world/test.parquet --out data/test.parquet
 """
 
 

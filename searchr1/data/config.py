@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from searchr1.data.prompts import load_template
+from searchr1.data.prompts import AUTO, load_template
 
 
 @dataclass
@@ -13,12 +13,15 @@ class DataConfig:
     """Training data: Search-R1 parquet or FlashRAG jsonl files (None = the embedded synthetic world)."""
     val_files: list[str] | None = None
     """Validation data, evaluated greedily every `trainer.val_every` steps."""
-    template: str = "base"
-    """Prompt template: base | instruct (through the chat template) | instruct_1shot (the instruction as
-    the system message and one worked example, through the chat template) | a path to a .json / .yaml
-    list of chat messages or a text file, with a {question} slot."""
+    template: str = "auto"
+    """Prompt template: auto (instruct when the tokenizer has a chat template, else base; the choice is
+    printed) | base (Search-R1's instruction as plain text) | instruct (through the chat template) |
+    instruct_1shot / instruct_2shot (the instruction as the system message and worked examples, through
+    the chat template) | a path to a .json / .yaml list of chat messages or a text file, with a {question} slot."""
 
     def validate(self, root: object) -> None:
+        if self.template == AUTO:
+            return
         try:
             load_template(self.template)
         except ValueError as exc:

@@ -31,11 +31,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from searchr1.data.prompts import prompt_messages, render_messages
+from searchr1.data.prompts import build_prompt, prompt_messages, render_messages, resolve_template
 
 BENCHMARK_SOURCES = ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
 """The seven QA benchmarks of the Search-R1 paper (names as in FlashRAG_datasets)."""
-MULTI_HOP_SOURCES = ("hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
 ABILITY = "fact-reasoning"
 SPLITS = ("train", "val", "dev", "test")
 
@@ -74,6 +73,7 @@ class Sample:
 
     def prompt(self, template: str = "base", tokenizer: Any = None) -> str:
         """The prompt text for the policy (see ``searchr1.data.prompts.build_prompt``)."""
+        template = resolve_template(template, tokenizer)
         return render_messages(self.messages(template), template, tokenizer)
 
     def meta(self) -> dict[str, Any]:
@@ -361,6 +361,31 @@ def load_hub_dataset(
     src = source or (config if config in BENCHMARK_SOURCES else None)
     label = f"{name}{':' + config if config else ''}[{split}]"
     return _collect(((f"{label}:row {i}", row) for i, row in enumerate(ds)), src, split, skip_bad, stats)
+
+
+def sample_meta(sample: Sample | Mapping[str, Any], index: int) -> dict[str, Any]:
+    """What travels with a trajectory (``Trajectory.meta``) for a ``Sample`` or a FlashRAG-style dict:
+    question, golden answers, source, ids, and ``sample_index`` (its position in the training data)."""
+    if isinstance(sample, Sample):
+        meta = sample.meta()
+    else:
+        meta = {
+            "id": sample.get("id", str(index)),
+            "question": sample.get("question", ""),
+            "golden_answers": list(sample.get("golden_answers", []) or []),
+            "data_source": sample.get("data_source"),
+        }
+    meta["data_source"] = meta.get("data_source") or "default"
+    meta["sample_index"] = index
+    return meta
+
+
+def sample_prompt(sample: Sample | Mapping[str, Any], template: str, tokenizer: Any) -> str:
+    """The prompt the policy continues: a ``Sample``'s (its stored chat messages, else the template),
+    or the template over a dict's question."""
+    if isinstance(sample, Sample):
+        return sample.prompt(template, tokenizer)
+    return build_prompt(str(sample.get("question", "")), template, tokenizer)
 
 
 def load_samples(

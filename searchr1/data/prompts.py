@@ -41,10 +41,10 @@ def wrap_information(docs_text: str) -> str:
 # prompt building
 # ---------------------------------------------------------------------------------------------
 
-TEMPLATES = ("base", "instruct", "instruct_1shot")
+TEMPLATES = ("base", "instruct", "instruct_1shot", "instruct_2shot")
 """Built-in template names; any other value is a path: a ``.json`` / ``.yaml`` list of chat messages
 or a text file, either with a ``{question}`` slot."""
-CHAT_TEMPLATES = ("instruct", "instruct_1shot")
+CHAT_TEMPLATES = ("instruct", "instruct_1shot", "instruct_2shot")
 """Built-in templates rendered through the tokenizer's chat template (so are message files)."""
 
 SEARCH_R1_SYSTEM = SEARCH_R1_INSTRUCTION.split(" Question: {question}")[0]
@@ -72,6 +72,34 @@ ONE_SHOT_MESSAGES = [
 exchange, then the question."""
 
 
+TWO_HOP_QUESTION = "When was the founder of Ulmera Press born?"
+TWO_HOP_TRAJECTORY = (
+    f"{THINK_OPEN} I do not know who founded Ulmera Press. I should search. {THINK_CLOSE}\n"
+    f"{SEARCH_OPEN} Ulmera Press {SEARCH_CLOSE}"
+    + wrap_information(
+        "Doc 1(Title: Ulmera Press) Ulmera Press is a publisher based in Orvale. "
+        "Ulmera Press was founded in 1871 by Edda Ostin.\n"
+    )
+    + f"{THINK_OPEN} Ulmera Press was founded by Edda Ostin. I should search Edda Ostin. {THINK_CLOSE}\n"
+    f"{SEARCH_OPEN} Edda Ostin {SEARCH_CLOSE}"
+    + wrap_information("Doc 1(Title: Edda Ostin) Edda Ostin was a poet. Edda Ostin was born in Orvale in 1838.\n")
+    + f"{THINK_OPEN} The document says Edda Ostin was born in 1838. {THINK_CLOSE}\n"
+    f"{ANSWER_OPEN} 1838 {ANSWER_CLOSE}"
+)
+"""The second worked example of ``instruct_2shot``: a two-hop question answered with two searches, the
+second for the name the first passage gave, and a year as the answer. No synthetic world can contain
+its names (they start with a vowel, or are not among the world's first names)."""
+
+TWO_SHOT_MESSAGES = [
+    *ONE_SHOT_MESSAGES[:3],
+    {"role": "user", "content": TWO_HOP_QUESTION},
+    {"role": "assistant", "content": TWO_HOP_TRAJECTORY},
+    {"role": "user", "content": "{question}"},
+]
+"""``instruct_2shot``: the instruction as the system message, a one-search example and a two-search
+example as user / assistant exchanges, then the question."""
+
+
 def normalize_question(question: str) -> str:
     """Strip white space and end with a question mark, as Search-R1's data preparation does."""
     q = question.strip()
@@ -85,8 +113,12 @@ def load_template(template: str) -> str | list[dict[str, str]]:
     import json
     from pathlib import Path
 
+    if template == AUTO:
+        raise ValueError("template auto is chosen with the tokenizer: resolve_template(template, tokenizer) first")
     if template == "instruct_1shot":
         return [dict(m) for m in ONE_SHOT_MESSAGES]
+    if template == "instruct_2shot":
+        return [dict(m) for m in TWO_SHOT_MESSAGES]
     if template in TEMPLATES:
         return SEARCH_R1_INSTRUCTION
     path = Path(template)
@@ -117,6 +149,26 @@ def load_template(template: str) -> str | list[dict[str, str]]:
     if "{question}" not in text:
         raise ValueError(f"prompt template file {path} has no {{question}} slot")
     return text
+
+
+AUTO = "auto"
+"""``data.template`` / ``--template`` default: the model's chat template if it has one, else plain text."""
+
+
+def resolve_template(template: str, tokenizer: object) -> str:
+    """``auto``: ``instruct`` (Search-R1's instruction through the chat template) when ``tokenizer`` has
+    a chat template, ``base`` (plain text) otherwise; any other template as given."""
+    if template != AUTO:
+        return template
+    return "instruct" if getattr(tokenizer, "chat_template", None) else "base"
+
+
+def describe_template(asked: str, chosen: str) -> str:
+    """What a command prints about its prompt: ``instruct (auto: the model has a chat template)``."""
+    if asked != AUTO:
+        return chosen
+    why = "the model has a chat template" if chosen == "instruct" else "the model has no chat template"
+    return f"{chosen} (auto: {why})"
 
 
 def is_chat_template(template: str) -> bool:
@@ -151,10 +203,13 @@ def render_messages(messages: list[dict[str, str]], template: str = "base", toke
 def build_prompt(question: str, template: str = "base", tokenizer: object = None) -> str:
     """The text the policy continues for ``question``.
 
+    ``auto``: ``instruct`` when ``tokenizer`` has a chat template, else ``base`` (``resolve_template``).
     ``base``: the Search-R1 instruction with the question (plain text, for base models).
     ``instruct``: the same instruction as a user message through ``tokenizer``'s chat template.
     ``instruct_1shot``: ``ONE_SHOT_MESSAGES`` through the chat template.
+    ``instruct_2shot``: ``TWO_SHOT_MESSAGES`` (adds a two-search example) through the chat template.
     A path: a ``.json`` / ``.yaml`` list of chat messages (through the chat template) or a text file,
     with a ``{question}`` slot.
     """
+    template = resolve_template(template, tokenizer)
     return render_messages(prompt_messages(question, template), template, tokenizer)

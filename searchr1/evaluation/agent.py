@@ -8,25 +8,28 @@
 The agent runs the same rollout engine, prompt and trajectory record as training and ``searchr1 eval``
 (greedy decoding; the answer is read from the model's own tokens), so what it does here is what it
 did there. ``on_event`` receives the answer as it
-is produced: the reasoning text while it is generated (a token behind the model: each turn's last
-token, the closing tag, is not streamed), each search with its hits when the search returns, and
-the answer at the end.
+is produced: the reasoning text while it is generated (through the engine's token listener), each
+search with its hits when the search returns, and the answer at the end.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import copy
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from searchr1.config import SearchR1Config
-from searchr1.data.prompts import INFO_OPEN
+from searchr1.data.prompts import INFO_OPEN, resolve_template
 from searchr1.evaluation.modes import mode_prompt
 from searchr1.retrieval.base import Retriever
 from searchr1.rollout.records import trajectory_record
 from searchr1.rollout.registry import build_engine
 from searchr1.rollout.types import Trajectory
+
+if TYPE_CHECKING:
+    from searchr1.rollout.engine import NewToken
 
 
 @dataclass
@@ -92,32 +95,32 @@ class AgentAnswer:
 
 
 class StreamingObserver:
-    """A steer that changes nothing: it decodes each row's current turn as tokens arrive and passes
-    the new text on (the rollout engine calls steers before choosing each token, so the text runs one
-    token behind). ``inner`` is a real steer to apply afterwards, if any."""
+    """The engine's token listener for ``ask`` (``generate(on_tokens=)``): it decodes the first row's
+    current turn as its tokens arrive and passes the new text on (to ``emit``, when set)."""
 
-    def __init__(self, tokenizer: Any, inner: Any = None):
+    def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
-        self.inner = inner
         self.emit: Callable[[AgentEvent], None] | None = None
-        self._turn: tuple[int, int] | None = None
+        self._turn: int | None = None
+        self._ids: list[int] = []
         self._shown = ""
 
-    def __call__(self, rows: list[Any], logits: Any) -> Any:
-        if self.emit is not None:
-            for row in rows[:1]:  # ask() generates one row
-                key = (row.index, row.turn)
-                if key != self._turn:
-                    self._turn, self._shown = key, ""
-                text = self.tokenizer.decode(list(row.turn_ids), skip_special_tokens=False)
-                if (
-                    text.startswith(self._shown)
-                    and not text.endswith("\ufffd")
-                    and len(text) > len(self._shown)
-                ):
-                    self.emit(AgentEvent("text", text[len(self._shown) :]))
-                    self._shown = text
-        return self.inner(rows, logits) if self.inner is not None else logits
+    def reset(self) -> None:
+        self._turn, self._ids, self._shown = None, [], ""
+
+    def __call__(self, tokens: Sequence[NewToken]) -> None:
+        if self.emit is None:
+            return
+        for new in tokens:
+            if new.row != 0:  # ask() generates one row
+                continue
+            if new.turn != self._turn:
+                self._turn, self._ids, self._shown = new.turn, [], ""
+            self._ids.append(new.token)
+            text = self.tokenizer.decode(self._ids, skip_special_tokens=False)
+            if text.startswith(self._shown) and not text.endswith("\ufffd") and len(text) > len(self._shown):
+                self.emit(AgentEvent("text", text[len(self._shown) :]))
+                self._shown = text
 
 
 class ObservedRetriever:
@@ -172,7 +175,9 @@ class Agent:
 
     ``model``: a hub id or local folder, or a loaded model (then pass ``tokenizer``).
     ``search_backend``: a ``Retriever``, an index folder, a corpus jsonl (BM25 in memory) or a
-    retrieval-server URL. ``engine_kwargs`` go to the rollout engine (e.g. ``steer=``).
+    retrieval-server URL. ``config``: a ``SearchR1Config`` whose ``rollout``, ``retrieval.topk`` and
+    ``data.template`` apply (default: the defaults); ``template``, ``topk``, ``max_turns``,
+    ``max_turn_tokens`` and ``engine`` override it. ``engine_kwargs`` go to the rollout engine's factory.
     """
 
     def __init__(
@@ -181,13 +186,14 @@ class Agent:
         search_backend: Any,
         *,
         tokenizer: Any = None,
-        template: str = "base",
-        topk: int = 3,
-        max_turns: int = 4,
-        max_turn_tokens: int = 500,
+        template: str | None = None,
+        topk: int | None = None,
+        max_turns: int | None = None,
+        max_turn_tokens: int | None = None,
         dtype: str = "float32",
         device: str | None = None,
-        engine: str = "hf",
+        engine: str | None = None,
+        config: SearchR1Config | None = None,
         **engine_kwargs: Any,
     ):
         from searchr1.models import load_model, load_tokenizer
@@ -202,19 +208,23 @@ class Agent:
         elif tokenizer is None:
             raise ValueError("Agent: pass tokenizer= together with a loaded model")
         model.eval()
-        self.model, self.tokenizer, self.template = model, tokenizer, template
-        self.retriever = open_search_backend(search_backend, topk)
-        cfg = SearchR1Config()
-        cfg.rollout.engine = engine
-        cfg.rollout.max_turns = max_turns
-        cfg.rollout.max_turn_tokens = max_turn_tokens
-        cfg.retrieval.topk = topk
+        cfg = copy.deepcopy(config) if config is not None else SearchR1Config()
+        for section, key, value in (
+            (cfg.rollout, "engine", engine),
+            (cfg.rollout, "max_turns", max_turns),
+            (cfg.rollout, "max_turn_tokens", max_turn_tokens),
+            (cfg.retrieval, "topk", topk),
+            (cfg.data, "template", template),
+        ):
+            if value is not None:
+                setattr(section, key, value)
         self.config = cfg
-        self._observer = StreamingObserver(tokenizer, inner=engine_kwargs.pop("steer", None))
+        cfg.data.template = resolve_template(cfg.data.template, tokenizer)
+        self.model, self.tokenizer, self.template = model, tokenizer, cfg.data.template
+        self.retriever = open_search_backend(search_backend, cfg.retrieval.topk)
+        self._observer = StreamingObserver(tokenizer)
         self._searches = ObservedRetriever(self.retriever)
-        self.engine = build_engine(
-            cfg, model, tokenizer, self._searches, steer=self._observer, **engine_kwargs
-        )
+        self.engine = build_engine(cfg, model, tokenizer, self._searches, **engine_kwargs)
 
     def ask_many(self, questions: list[str]) -> list[AgentAnswer]:
         """Answer several questions in one batch (greedy)."""
@@ -227,7 +237,11 @@ class Agent:
         prompts = [mode_prompt("agent", v, template=self.template, tokenizer=self.tokenizer) for v in views]
         ids = [self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
         trajs = self.engine.generate(
-            ids, [dict(v) for v in views], sampling=SamplingParams.greedy_eval(), seed=0
+            ids,
+            [dict(v) for v in views],
+            sampling=SamplingParams.greedy_eval(),
+            seed=0,
+            on_tokens=self._observer,
         )
         out = []
         for q, v, t in zip(questions, views, trajs, strict=True):
@@ -239,7 +253,7 @@ class Agent:
         """Answer ``question``; ``on_event`` gets the reasoning as it is generated, each search with
         its hits as it returns, then the answer (``AgentAnswer.events()`` replays the same afterwards)."""
         self._observer.emit = self._searches.emit = on_event
-        self._observer._turn = None
+        self._observer.reset()
         try:
             result = self.ask_many([question])[0]
         finally:

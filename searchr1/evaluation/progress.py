@@ -1,8 +1,8 @@
 """What ``searchr1 eval`` shows while it runs: progress on stderr, and search failures as they start.
 
-One ``Monitor`` serves a whole run. It is the engines' steering hook (called once per decoding step;
-it changes nothing), so it can show a heartbeat while a batch decodes; it wraps the retriever, so it
-sees a failing search at once; and it reads each finished batch's records. The first failed search
+One ``Monitor`` serves a whole run. It listens to the engine's tokens (``on_tokens``, once per
+decoding step), so it can show a heartbeat while a batch decodes; it wraps the retriever, so it sees
+a failing search at once; and it reads each finished batch's records. The first failed search
 is reported in one warning line with its cause; later ones are counted (summary and tables).
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any, TextIO
 
 
@@ -30,7 +31,6 @@ class Monitor:
         self.warned = False
         self._t0 = time.monotonic()
         self._last = 0.0
-        self._inner_steer: Any = None
 
     # -- the run -------------------------------------------------------------------------------
 
@@ -69,19 +69,14 @@ class Monitor:
             final=True,
         )
 
-    # -- the steering hook: a heartbeat while a batch decodes ------------------------------------
+    # -- the engine's token listener: a heartbeat while a batch decodes ----------------------------
 
-    def steer(self, inner: Any = None) -> Monitor:
-        """This monitor as the engine's steer (``inner``: a real steer applied after it, if any)."""
-        self._inner_steer = inner
-        return self
-
-    def __call__(self, rows: list[Any], logits: Any) -> Any:
+    def on_tokens(self, tokens: Sequence[Any]) -> None:
+        """Called with each decoding step's new tokens (``RolloutEngine.generate(on_tokens=)``)."""
         self.steps += 1
         now = time.monotonic()
         if now - self._last >= self.interval_s:
-            self._line(self._status(active=len(rows)), final=not self.tty)
-        return self._inner_steer(rows, logits) if self._inner_steer is not None else logits
+            self._line(self._status(active=len(tokens)), final=not self.tty)
 
     # -- the retriever: a search that raises is seen at once ------------------------------------
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from searchr1.data.prompts import resolve_template
 from searchr1.evaluation import store
 from searchr1.evaluation.aggregate import aggregate
 from searchr1.evaluation.errors import EvaluationError
@@ -85,13 +86,14 @@ def evaluate(
     batch_size: int = 16,
     out_dir: str | Path | None = None,
     resume: bool = True,
-    template: str = "base",
+    template: str = "auto",
     topk: int = 3,
     seed: int = 0,
     sampling: Any = None,
     settings: dict[str, Any] | None = None,
     on_batch: Callable[[BatchProgress], None] | None = None,
     on_start: Callable[[int, int], None] | None = None,
+    on_tokens: Callable[[Sequence[Any]], None] | None = None,
     normalization: str = "squad",
     max_new_tokens: int | None = None,
     search_timeout_s: float = 30.0,
@@ -107,9 +109,11 @@ def evaluate(
     paper's; or ``unicode``). ``settings``: what else identifies the run (model, data files): with
     ``resume`` a rerun into the same ``out_dir`` must match them and the samples, keeps the records
     written and generates the missing ones and those whose searches failed. ``on_start(done,
-    total)`` and ``on_batch`` (after each batch is on disk) show progress; tests interrupt from them.
+    total)`` and ``on_batch`` (after each batch is on disk) show progress; tests interrupt from them;
+    ``on_tokens`` is the engine's token listener while a batch decodes (``RolloutEngine.generate``).
     """
     mode = get_mode(mode) if isinstance(mode, str) else mode
+    template = resolve_template(template, tokenizer)
     if mode.search == "once" and retriever is None:
         raise EvaluationError(f"mode {mode.name!r} needs a retriever (an index, a search URL or a corpus)")
     if batch_size < 1:
@@ -125,7 +129,7 @@ def evaluate(
             engine, samples, views, mode, tokenizer=tokenizer, retriever=retriever, batch_size=batch_size,
             out=out, resume=resume, template=template, topk=topk,
             seed=seed, sampling=sampling if sampling is not None else _greedy(), settings=settings,
-            on_batch=on_batch, on_start=on_start, normalization=normalization,
+            on_batch=on_batch, on_start=on_start, on_tokens=on_tokens, normalization=normalization,
             search_timeout_s=search_timeout_s, search_retries=search_retries,
         )  # fmt: skip
     finally:
@@ -228,6 +232,7 @@ def _run_batch(
     normalization: str,
     search_timeout_s: float,
     search_retries: int,
+    on_tokens: Callable[[Sequence[Any]], None] | None,
 ) -> list[dict[str, Any]]:
     """Prompts, generation and scored records of one batch of questions."""
     hits: list[list[Any]] = [[] for _ in batch]
@@ -240,7 +245,9 @@ def _run_batch(
         for v, h in zip(batch, hits, strict=True)
     ]
     prompt_ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
-    trajs = engine.generate(prompt_ids, [dict(v) for v in batch], sampling=sampling, seed=seed)
+    trajs = engine.generate(
+        prompt_ids, [dict(v) for v in batch], sampling=sampling, seed=seed, on_tokens=on_tokens
+    )
     if mode.search == "once":  # the one retrieval is part of the record (a search the model did not choose)
         for t, v, h in zip(trajs, batch, hits, strict=True):
             t.queries, t.documents, t.searches = [v["question"]], [[jsonable_hit(x) for x in h]], 1

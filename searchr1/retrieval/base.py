@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from searchr1.registry import Registry
+
 
 @dataclass(frozen=True)
 class Hit:
@@ -50,15 +52,13 @@ class Retriever(ABC):
         """Release resources (threads, connections, memory maps)."""
 
 
-RETRIEVERS: dict[str, Callable[..., Retriever]] = {}
-"""Backend name -> factory; ``build_retriever`` looks names up here."""
+RETRIEVERS: Registry[Callable[..., Retriever]] = Registry(
+    "search backend",
+    "retrieval.backend",
+    builtins=("searchr1.retrieval.factory", "searchr1.retrieval.web"),
+)
+"""Backend name -> factory ``(RetrievalConfig) -> Retriever``; ``build_retriever`` looks names up here.
+The built-ins register themselves in ``factory.py`` (local indexes, the HTTP client) and ``web.py``."""
 
-
-def register_retriever(name: str) -> Callable[[Callable[..., Retriever]], Callable[..., Retriever]]:
-    """Decorator: make a backend factory selectable by ``retrieval.backend=name``."""
-
-    def deco(factory: Callable[..., Retriever]) -> Callable[..., Retriever]:
-        RETRIEVERS[name] = factory
-        return factory
-
-    return deco
+register_retriever = RETRIEVERS.register
+"""Decorator: make a backend factory selectable by ``retrieval.backend=name``."""

@@ -6,19 +6,27 @@ import argparse
 import json
 import sys
 
-from searchr1.config import ConfigError, load_config
+from searchr1.cli_common import (
+    add_config_flags,
+    add_search_flags,
+    command_config,
+    help_lists_names,
+    open_retriever,
+    search_overrides,
+)
 from searchr1.errors import UserFacingError
 from searchr1.retrieval.base import SearchError
 from searchr1.retrieval.config import DENSE_INDEX_TYPES
-from searchr1.retrieval.corpus import CorpusError
-from searchr1.retrieval.factory import build_retriever
 
 EXAMPLES_INDEX = """examples:
-  searchr1 index build --retriever bm25 --corpus wiki-18.jsonl --out indexes/wiki-bm25
-  searchr1 index build --retriever dense --corpus wiki-18.jsonl --out indexes/wiki-dense --index-type hnsw
-  searchr1 index build --retriever bm25 --corpus long.jsonl --out idx --chunk-size 100 --overlap 20
-  searchr1 index build --retriever dense --corpus wiki-18.jsonl --out idx --index-type ivfpq --pq-m 96
-  searchr1 index build ... --resume          (continue a build that was interrupted, same options)
+  searchr1 data synth --out data/world
+  searchr1 index build --retriever bm25 --corpus data/world/corpus.jsonl --out indexes/world
+  searchr1 index build --retriever dense --corpus data/world/corpus.jsonl --out indexes/world-dense --index-type hnsw
+  searchr1 index build --retriever bm25 --corpus shared/data/flashrag-sample/wiki18_sample_corpus.jsonl \\
+      --out indexes/wiki18-chunks --chunk-size 100 --overlap 20
+  searchr1 index build --retriever dense --corpus data/world/corpus.jsonl --out indexes/world-ivfpq \\
+      --index-type ivfpq --pq-m 48          (IVF-PQ: 48 bytes per passage, trained on a sample)
+  searchr1 index build --retriever bm25 --corpus data/world/corpus.jsonl --out indexes/world --resume
 
 Builds stream: the corpus is read once in chunks (--chunk-passages), each chunk checkpointed, so an
 interrupted build continues with --resume; the manifest is written last, so a half-built folder is
@@ -26,16 +34,16 @@ never served.
 """
 
 EXAMPLES_SEARCH = """examples:
-  searchr1 search --index indexes/wiki-bm25 "who founded Acme" "where is Borvik"
-  searchr1 search --corpus small.jsonl --topk 5 "query"            (BM25 in memory, no index)
-  searchr1 search --url http://127.0.0.1:8000 --json "query"        (ask a running server)
-  searchr1 search --set retrieval.backend=hybrid --set retrieval.hybrid_indexes=[idx-bm25,idx-dense] "q"
+  searchr1 search --index indexes/world "who founded the Quillon Press" "where was Clara Thoped born"
+  searchr1 search --corpus data/world/corpus.jsonl --topk 5 "query"      (BM25 in memory, no index)
+  searchr1 search --search-url http://127.0.0.1:8000 --json "query"       (ask a running server)
+  searchr1 search --backend hybrid --set retrieval.hybrid_indexes=[indexes/world,indexes/world-dense] "q"
 """
 
 EXAMPLES_SERVE = """examples:
-  searchr1 serve --index indexes/wiki-bm25 --port 8000
-  SEARCHR1_API_KEY=secret searchr1 serve --index indexes/wiki-bm25 --host 0.0.0.0
-  searchr1 serve --corpus wiki-18.jsonl --body-timeout 10 --max-hits 10240 --no-access-log
+  searchr1 serve --index indexes/world --port 8000
+  SEARCHR1_API_KEY=secret searchr1 serve --index indexes/world --host 0.0.0.0
+  searchr1 serve --corpus shared/data/flashrag-sample/wiki18_sample_corpus.jsonl --body-timeout 10 --no-access-log
   curl -s localhost:8000/retrieve -H 'content-type: application/json' \\
        -d '{"queries": ["who founded Acme"], "topk": 3, "return_scores": true}'
 """
@@ -125,7 +133,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Print the ranked hits of each query.",
         epilog=EXAMPLES_SEARCH,
         formatter_class=fmt,
+        add_help=False,
     )
+    help_lists_names(s, ["retrieval.backend"])
     s.add_argument("queries", nargs="+", help="one or more queries")
     _add_backend_args(s)
     s.add_argument("--json", action="store_true", help="print JSON (one list of hits per query)")
@@ -138,7 +148,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "Binds 127.0.0.1 unless --host says otherwise.",
         epilog=EXAMPLES_SERVE,
         formatter_class=fmt,
+        add_help=False,
     )
+    help_lists_names(v, ["retrieval.backend"])
     _add_backend_args(v)
     v.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     v.add_argument("--port", type=int, default=8000, help="port (default 8000)")
@@ -189,59 +201,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_backend_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--index", default=None, help="index folder (from `searchr1 index build`)")
-    p.add_argument(
-        "--corpus",
-        default=None,
-        help="corpus jsonl: checked against the index manifest, or indexed in memory (bm25) without --index",
-    )
-    p.add_argument("--model", default=None, help="dense encoder; must match the index manifest")
-    p.add_argument("--url", default=None, help="retrieval server URL(s), comma-separated (backend http)")
-    p.add_argument("--backend", default=None, help="backend name (default: from the index / bm25)")
-    p.add_argument("--topk", type=int, default=None, help="hits per query (default 3)")
-    p.add_argument("--config", default=None, help="YAML config; its `retrieval` section is used")
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="config override, e.g. retrieval.cache_size=1000",
-    )
+    add_search_flags(p)
+    p.add_argument("--model", dest="encoder", help=argparse.SUPPRESS)  # the former name of --encoder
+    add_config_flags(p, "retrieval")
 
 
 def _retriever_from_args(args: argparse.Namespace):
-    overrides = list(args.set)
-    if args.index:
-        overrides.append(f"retrieval.index={args.index}")
-    if args.corpus:
-        overrides.append(f"retrieval.corpus={args.corpus}")
-    if args.model:
-        overrides.append(f"retrieval.dense_model={args.model}")
-    if args.url:
-        overrides.append(f"retrieval.url={args.url}")
-    if args.topk is not None:
-        overrides.append(f"retrieval.topk={args.topk}")
-    backend = args.backend
-    if backend is None and args.url and not args.index:
-        backend = "http"
-    if backend is None and args.index and not any(o.startswith("retrieval.backend=") for o in args.set):
-        from searchr1.retrieval.index import IndexLoadError, Manifest
-
-        try:
-            backend = Manifest.read(args.index).retriever
-        except IndexLoadError as exc:
-            raise UserFacingError(str(exc)) from None
-    if backend:
-        overrides.append(f"retrieval.backend={backend}")
-    try:
-        cfg = load_config(args.config, overrides).retrieval
-    except ConfigError as exc:
-        raise UserFacingError(str(exc)) from None
-
-    try:
-        return build_retriever(cfg), cfg
-    except (ValueError, CorpusError) as exc:
-        raise UserFacingError(str(exc)) from None
+    cfg = command_config(args, search_overrides(args)).retrieval
+    return open_retriever(cfg), cfg
 
 
 def _index_build(args: argparse.Namespace) -> int:

@@ -4,10 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from searchr1.retrieval.base import RETRIEVERS
-
-WEB_BACKENDS = ("serpapi", "google", "serper", "brave", "bing")
-LOCAL_BACKENDS = ("bm25", "dense", "hybrid", "rerank", "http")
 DENSE_INDEX_TYPES = ("flat", "hnsw", "ivf", "ivfpq", "opq-ivfpq", "ivfpq-rerank", "hnsw-sq8")
 """FAISS index kinds of ``searchr1 index build --retriever dense`` (see ``retrieval.dense_build``)."""
 
@@ -15,7 +11,7 @@ DENSE_INDEX_TYPES = ("flat", "hnsw", "ivf", "ivfpq", "opq-ivfpq", "ivfpq-rerank"
 @dataclass
 class RetrievalConfig:
     backend: str = "bm25"
-    """Search backend by name: bm25 | dense | hybrid | rerank | http | serpapi | google | serper | brave | bing."""
+    """Search backend by registered name: bm25 | dense | hybrid | rerank | http | a web API (serpapi, google, serper, brave, bing) | a plugin's."""
     index: str | None = None
     """Index folder written by `searchr1 index build` (bm25 / dense)."""
     corpus: str | None = None
@@ -77,11 +73,6 @@ class RetrievalConfig:
     """Bearer token sent to the retrieval server (null: env SEARCHR1_API_KEY)."""
 
     def validate(self, root: object) -> None:
-        known = (*LOCAL_BACKENDS, *WEB_BACKENDS)
-        if self.backend not in known and self.backend not in RETRIEVERS:
-            raise ValueError(
-                f"retrieval.backend: unknown backend {self.backend!r}; known: {', '.join(known)}"
-            )
         if self.topk < 1:
             raise ValueError("retrieval.topk must be >= 1")
         if self.cache_size < 0:

@@ -1,6 +1,7 @@
 """Backend selection by name: ``build_retriever(cfg)`` looks ``cfg.backend`` up in ``RETRIEVERS``.
 
-Each factory takes the ``RetrievalConfig`` and returns a ``Retriever``; a user adds a backend with
+The local backends and the HTTP client are registered here, the web APIs in ``web.py``. Each factory
+takes the ``RetrievalConfig`` and returns a ``Retriever``; a user adds a backend with
 
     @register_retriever("mine")
     def _mine(cfg): return MyRetriever(...)
@@ -12,18 +13,14 @@ import dataclasses
 
 from searchr1.retrieval.base import RETRIEVERS, Retriever, register_retriever
 from searchr1.retrieval.cache import CachedRetriever
-from searchr1.retrieval.config import WEB_BACKENDS, RetrievalConfig
+from searchr1.retrieval.config import RetrievalConfig
 from searchr1.retrieval.hybrid import HybridRetriever
 from searchr1.retrieval.rerank import RerankRetriever
 
 
 def build_retriever(cfg: RetrievalConfig) -> Retriever:
     """The backend named by ``cfg.backend``, wrapped in an LRU cache when ``cfg.cache_size > 0``."""
-    if cfg.backend not in RETRIEVERS:
-        raise ValueError(
-            f"retrieval.backend: unknown backend {cfg.backend!r}; known: {', '.join(sorted(RETRIEVERS))}"
-        )
-    retriever = RETRIEVERS[cfg.backend](cfg)
+    retriever = RETRIEVERS.lookup(cfg.backend)(cfg)
     if cfg.cache_size > 0:
         retriever = CachedRetriever(retriever, cfg.cache_size)
     return retriever
@@ -94,22 +91,3 @@ def _http(cfg: RetrievalConfig) -> Retriever:
     if not cfg.url:
         raise ValueError("retrieval.url is required for backend=http")
     return RetrievalClient(cfg.url, cfg.timeout_s, cfg.retries, cfg.backoff_s, api_key=cfg.api_key)
-
-
-def _web_factory(name: str):
-    def factory(cfg: RetrievalConfig) -> Retriever:
-        from searchr1.retrieval.web import WEB_APIS
-
-        return WEB_APIS[name](
-            base_url=cfg.web_base_url,
-            timeout_s=cfg.timeout_s,
-            retries=cfg.retries,
-            backoff_s=cfg.backoff_s,
-            max_concurrency=cfg.web_max_concurrency,
-        )
-
-    return factory
-
-
-for _name in WEB_BACKENDS:
-    register_retriever(_name)(_web_factory(_name))

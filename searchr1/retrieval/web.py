@@ -11,13 +11,13 @@ from __future__ import annotations
 import html
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
 import httpx
 
-from searchr1.retrieval.base import Hit, Retriever, SearchError
+from searchr1.retrieval.base import RETRIEVERS, Hit, Retriever, SearchError
 from searchr1.retrieval.client import send_with_retries
 
 _TAG = re.compile(r"<[^>]+>")
@@ -194,3 +194,22 @@ class BingSearch(WebSearchRetriever):
 WEB_APIS: dict[str, type[WebSearchRetriever]] = {
     cls.name: cls for cls in (SerpAPISearch, GoogleSearch, SerperSearch, BraveSearch, BingSearch)
 }
+
+
+def _from_config(api: type[WebSearchRetriever]) -> Callable[[Any], Retriever]:
+    """The backend factory of one web API (``retrieval.backend=<its name>``) over the ``retrieval`` section."""
+
+    def factory(cfg: Any) -> Retriever:
+        return api(
+            base_url=cfg.web_base_url,
+            timeout_s=cfg.timeout_s,
+            retries=cfg.retries,
+            backoff_s=cfg.backoff_s,
+            max_concurrency=cfg.web_max_concurrency,
+        )
+
+    return factory
+
+
+for _api in WEB_APIS.values():
+    RETRIEVERS.add(_api.name, _from_config(_api))

@@ -1,12 +1,14 @@
-"""Configuration of the composite reward (section ``reward``)."""
+"""Configuration of the composite reward (section ``reward``).
+
+The component names are checked against ``searchr1.rewards.registry.REWARD_COMPONENTS`` where the
+whole config is assembled (``searchr1.plugins``), so that a plugin's component is accepted too.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
-
-from searchr1.rewards.registry import REWARD_COMPONENTS
 
 # Names accepted by ``RewardConfig.from_simple`` besides the component names themselves.
 SIMPLE_ALIASES = {
@@ -28,6 +30,12 @@ class RewardConfig:
     """Metric of the `correct_answer` component: em | subem | f1."""
     normalization: str = "squad"
     """Answer normalisation of em / subem / f1: squad (Search-R1's and the paper's scorer) | unicode (also drops Unicode punctuation)."""
+    structure_format_score: float = 0.2
+    """`search_r1` component: score of a response with Search-R1's valid structure (and 1 minus it for a right answer without it)."""
+    final_format_score: float = 0.1
+    """`search_r1` component: score of a closed but wrong answer in a response without the valid structure."""
+    retrieval_score: float = 0.0
+    """`search_r1` component: added to a valid-structure wrong answer when a golden answer was retrieved."""
     search_budget: int = 3
     """Searches allowed before the `search_budget` component counts each further one."""
     embedding_model: str | None = None
@@ -62,13 +70,17 @@ class RewardConfig:
                 module, _, func = name.partition(":")
                 if not module or not func:
                     raise ValueError(f"reward.components.{name}: a user reward is given as module:function")
-            elif name not in REWARD_COMPONENTS:
-                known = ", ".join(sorted(REWARD_COMPONENTS))
-                raise ValueError(f"reward.components.{name}: unknown reward component; known: {known}")
         if self.answer_metric not in ("em", "subem", "f1"):
             raise ValueError(f"reward.answer_metric: expected em | subem | f1, got {self.answer_metric!r}")
         if self.normalization not in ("squad", "unicode"):
             raise ValueError(f"reward.normalization: expected squad | unicode, got {self.normalization!r}")
+        for key in ("structure_format_score", "final_format_score", "retrieval_score"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                raise ValueError(f"reward.{key}: must be in [0, 1), got {getattr(self, key)}")
+        if "search_r1" in self.components and self.answer_metric == "f1":
+            raise ValueError(
+                "reward.answer_metric: the search_r1 component scores a right answer 1 and needs em or subem, got f1"
+            )
         if self.search_budget < 0:
             raise ValueError(f"reward.search_budget: must be >= 0, got {self.search_budget}")
         if "llm_judge" in self.components and not self.judge_url:

@@ -21,6 +21,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from searchr1.data.prompts import INFO_CLOSE, INFO_OPEN
+from searchr1.registry import Registry
 from searchr1.rewards.embedding import answer_similarity
 from searchr1.rewards.format import FormatResult, check_format
 from searchr1.rewards.judge import JudgeClient
@@ -105,16 +106,18 @@ class RewardComponent:
         return [float(self.score(c)) for c in ctxs]
 
 
-REWARD_COMPONENTS: dict[str, type[RewardComponent]] = {}
+REWARD_COMPONENTS: Registry[type[RewardComponent]] = Registry("reward component", "reward.components")
 """Component name -> class; ``reward.components`` keys are looked up here."""
 
 
-def register_reward(name: str) -> Callable[[type[RewardComponent]], type[RewardComponent]]:
+def register_reward(
+    name: str, *, override: bool = False
+) -> Callable[[type[RewardComponent]], type[RewardComponent]]:
     """Class decorator: make a component selectable by name in ``reward.components``."""
 
     def deco(cls: type[RewardComponent]) -> type[RewardComponent]:
+        REWARD_COMPONENTS.add(name, cls, override=override)
         cls.name = name
-        REWARD_COMPONENTS[name] = cls
         return cls
 
     return deco
@@ -189,9 +192,45 @@ class RetrievalHit(RewardComponent):
     """1 if a golden answer (normalised) appears in the retrieved information (normalised)."""
 
     def score(self, ctx: RewardContext) -> float:
-        norm = normalizer(self.cfg.normalization)
-        info = f" {norm(ctx.retrieved_text)} "
-        return float(any(norm(g) and f" {norm(g)} " in info for g in ctx.golden_answers))
+        return float(retrieval_hit(ctx, self.cfg.normalization))
+
+
+def retrieval_hit(ctx: RewardContext, normalization: str) -> bool:
+    """Whether a golden answer (normalised, as whole words) appears in the retrieved passages."""
+    norm = normalizer(normalization)
+    info = f" {norm(ctx.retrieved_text)} "
+    return any(norm(g) and f" {norm(g)} " in info for g in ctx.golden_answers)
+
+
+@register_reward("search_r1")
+class SearchR1Outcome(RewardComponent):
+    """Search-R1's own outcome reward with its format and retrieval scores (Jin et al. 2025, v0.3
+    ``qa_em_format.compute_score_em``; the terms are ``reward.structure_format_score`` s_f,
+    ``reward.final_format_score`` s_a and ``reward.retrieval_score`` s_r):
+
+        answer right  (EM, or subEM with reward.answer_metric=subem):  1 if valid else 1 - s_f
+        answer wrong or missing, structure valid:                       s_f + s_r * hit
+        answer wrong, structure invalid:                                s_a
+        no closed answer, structure invalid:                            0
+
+    "valid" is the Search-R1 structure (``check_format``: think first, a think after every
+    information block, one closed answer last); "hit" means a golden answer appears in the
+    retrieved passages. With s_f = s_a = s_r = 0 it is plain EM. A closed but wrong answer earns s_a
+    where an unclosed one earns nothing, so a policy drifting into unclosed tags is pulled back.
+    """
+
+    def score(self, ctx: RewardContext) -> float:
+        cfg = self.cfg
+        valid = ctx.format.valid
+        right = ctx.answer is not None and bool(
+            ANSWER_METRICS[cfg.answer_metric](ctx.answer, ctx.golden_answers, cfg.normalization)
+        )
+        if right:
+            return 1.0 if valid else 1.0 - cfg.structure_format_score
+        if valid:
+            hit = cfg.retrieval_score and retrieval_hit(ctx, cfg.normalization)
+            return cfg.structure_format_score + (cfg.retrieval_score if hit else 0.0)
+        return cfg.final_format_score if ctx.answer is not None else 0.0
 
 
 @register_reward("embedding_similarity")
@@ -255,8 +294,4 @@ def build_component(name: str, cfg: RewardConfig) -> RewardComponent:
     """The component for a ``reward.components`` key (registered name or ``module:function``)."""
     if ":" in name:
         return UserFunction(cfg, name)
-    if name not in REWARD_COMPONENTS:
-        raise ValueError(
-            f"reward.components.{name}: unknown reward component; known: {', '.join(sorted(REWARD_COMPONENTS))}"
-        )
-    return REWARD_COMPONENTS[name](cfg)
+    return REWARD_COMPONENTS.lookup(name)(cfg)

@@ -144,10 +144,6 @@ def reply_text(spans: Sequence[str]) -> str:
     return " ".join(_THINK_BLOCK.sub(" ", "".join(spans)).split())
 
 
-ANSWER_SOURCES = ("tag", "reply", "none")
-"""Where an answer was read from: an ``<answer>`` tag, the bare reply, or nowhere."""
-
-
 def read_answer(spans: Sequence[str], fallback_to_reply: bool = False) -> tuple[str | None, str]:
     """``(answer, source)``: the answer tag if the model wrote one; else, with ``fallback_to_reply``,
     the reply itself (``reply_text``); else ``(None, "none")`` — no answer."""

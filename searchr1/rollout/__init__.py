@@ -9,9 +9,9 @@ Reading order (follows the data path):
   kv.py        KVBatch: independent streams sharing one KV cache (holes, compaction)
   hf.py        HFRolloutEngine (KV cache across turns, async search) and TurnSyncRolloutEngine
   single_turn.py  SingleTurnEngine: one reply, no search (the evaluation's baselines)
-  engine.py    RolloutEngine interface, expand_groups, rollout_metrics
+  engine.py    RolloutEngine: the interface (generate, update_weights with PolicyWeights, on_tokens)
   registry.py  ENGINES: rollout.engine name -> factory (hf, turn_sync, single_turn), build_engine
-  steer.py     logits steering hook and the scripted Search-R1-like workload
+  steer.py     the HF engines' logits steering hook (constrained decoding, test workloads)
   types.py     Trajectory, Role
   records.py   trajectory_record: one JSON record per trajectory (answer from the model's own tokens)
 

@@ -26,13 +26,14 @@ from typing import Any
 
 import torch
 
+from searchr1 import threads
 from searchr1.models import copy_weights, generation_copy, is_peft_model
 from searchr1.precision import compute_dtype
 from searchr1.retrieval.base import Retriever
 from searchr1.rollout.actions import StopDetector, eos_token_ids
 from searchr1.rollout.attention import decode_attention_for
 from searchr1.rollout.config import RolloutConfig
-from searchr1.rollout.engine import RolloutEngine
+from searchr1.rollout.engine import NewToken, PolicyWeights, RolloutEngine, TokenListener
 from searchr1.rollout.episode import Episode, EpisodeContext
 from searchr1.rollout.kv import KVBatch, model_config
 from searchr1.rollout.sampling import SamplingParams, logprob_temperature, row_generators, sample_tokens
@@ -42,6 +43,8 @@ from searchr1.rollout.types import Trajectory
 
 
 class _HFEngineBase(RolloutEngine):
+    weight_format = "module"  # the trainer's own model object: nothing is copied between processes
+
     def __init__(
         self,
         model: Any,
@@ -71,6 +74,7 @@ class _HFEngineBase(RolloutEngine):
             workers=self.config.search_workers,
         )
         self.last_stats: dict[str, float] = {}
+        self._on_tokens: TokenListener | None = None
 
     def _generation_model(self, model: Any) -> Any:
         """``model`` itself, or a frozen copy of it in the generation dtype (``rollout.dtype``) with any
@@ -102,14 +106,15 @@ class _HFEngineBase(RolloutEngine):
     def close(self) -> None:
         self.runner.close()
 
-    def update_weights(self, state_dict: Mapping[str, Any] | None = None) -> None:
-        """Generate with the policy's current weights: refresh the generation copy from the policy (a
-        no-op when the policy itself generates), or load ``state_dict`` (from a separate trainer copy)."""
+    def update_weights(self, weights: PolicyWeights) -> None:
+        """Generate with the policy's new weights: ``weights.module`` is the model this engine was built on
+        (nothing to do when it generates itself; its generation copy is refreshed from it otherwise); a
+        ``weights.state_dict`` is loaded into the generating model."""
 
-        if state_dict is not None:
-            self.model.load_state_dict(dict(state_dict), strict=False)
-        elif self.owns_copy:
-            copy_weights(self.policy, self.model)
+        if weights.state_dict is not None:
+            self.model.load_state_dict(dict(weights.state_dict), strict=False)
+        elif weights.module is not None and self.owns_copy:
+            copy_weights(weights.module, self.model)
 
     def _prepare(
         self,
@@ -145,7 +150,12 @@ class _HFEngineBase(RolloutEngine):
             logits = self.steer(rows, logits)
         tokens = sample_tokens(logits, sampling, [generators[ep.index] for ep in episodes])
         chosen = logp.gather(1, tokens[:, None]).squeeze(1)
-        return tokens.tolist(), chosen.tolist()
+        ids = tokens.tolist()
+        if self._on_tokens is not None:
+            self._on_tokens(
+                [NewToken(ep.index, ep.traj.turns, t) for ep, t in zip(episodes, ids, strict=True)]
+            )
+        return ids, chosen.tolist()
 
     def _deliver(self, job: SearchJob, episodes: list[Episode | None]) -> None:
         for k, i in enumerate(job.owners):
@@ -161,16 +171,19 @@ class _HFEngineBase(RolloutEngine):
         *,
         sampling: SamplingParams | None = None,
         seed: int | None = None,
+        on_tokens: TokenListener | None = None,
     ) -> list[Trajectory]:
         """Run ``_generate`` in eval mode without gradients, restoring the model's mode after."""
         was_training = self.model.training
         self.model.eval()
+        self._on_tokens = on_tokens
         try:
             fast = decode_attention_for(self.model) if self.config.fast_decode else contextlib.nullcontext()
             with torch.no_grad(), fast:
                 return self._generate(prompt_ids, metas, sampling, seed)
         finally:
             self.model.train(was_training)
+            self._on_tokens = None
 
     def _generate(
         self,
@@ -240,6 +253,7 @@ class HFRolloutEngine(_HFEngineBase):
                 break
             logits = kv.step(feeds)
             steps += 1
+            threads.adapt()  # fewer torch threads while other processes keep cores busy (searchr1.threads)
             stepped = [episodes[slot_episode[s]] for s in sorted(feeds)]  # type: ignore[index]
             tokens, logprobs = self._choose(stepped, logits, sampling, generators)  # type: ignore[arg-type]
             searching: list[Episode] = []

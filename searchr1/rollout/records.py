@@ -51,6 +51,20 @@ def jsonable_hit(hit: Any) -> dict[str, Any]:
     }
 
 
+def answer_and_scores(
+    traj: Trajectory,
+    decode_text: Callable[[list[int]], str],
+    golden_answers: list[str],
+    normalization: str = "squad",
+    reply_fallback: bool = False,
+) -> tuple[str | None, str, dict[str, float]]:
+    """``(answer, source, {"em", "sub_em", "f1"})``: the one way a trajectory's answer is read and
+    scored, by the evaluation, validation and the trainer's progress line alike (the reward reads the
+    same generated spans): the last closed ``<answer>`` inside one run of generated tokens."""
+    answer, source = read_answer(traj.generated_spans(decode_text), fallback_to_reply=reply_fallback)
+    return answer, source, answer_scores(answer, golden_answers, normalization)
+
+
 def trajectory_record(
     traj: Trajectory,
     sample: Mapping[str, Any],
@@ -75,8 +89,9 @@ def trajectory_record(
     def decode_text(ids: list[int]) -> str:
         return tokenizer.decode(ids, skip_special_tokens=True)
 
-    answer, source = read_answer(traj.generated_spans(decode_text), fallback_to_reply=reply_fallback)
-    scores = answer_scores(answer, list(sample.get("golden_answers") or []), normalization)
+    answer, source, scores = answer_and_scores(
+        traj, decode_text, list(sample.get("golden_answers") or []), normalization, reply_fallback
+    )
     scores["valid_format"] = float(is_valid_format(decode(traj.response_ids)))
     scores["tagged"] = float(source == "tag")
     return {

@@ -22,45 +22,20 @@ checks ``rollout.engine`` against ``ENGINES`` without loading a model library.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
+
+from searchr1.registry import Registry
 
 if TYPE_CHECKING:
     from searchr1.rollout.engine import RolloutEngine
 
 EngineFactory = Callable[..., "RolloutEngine"]
-F = TypeVar("F", bound=EngineFactory)
 
-ENGINES: dict[str, EngineFactory] = {}
+ENGINES: Registry[EngineFactory] = Registry("rollout engine", "rollout.engine")
 """Engine name -> factory ``(cfg, model, tokenizer, retriever, **kwargs) -> RolloutEngine``."""
 
-
-def register_engine(name: str, *, override: bool = False) -> Callable[[F], F]:
-    """Decorator: make an engine factory selectable by ``rollout.engine=name``."""
-
-    def deco(factory: F) -> F:
-        if name in ENGINES and ENGINES[name] is not factory and not override:
-            raise ValueError(
-                f"rollout engine '{name}' is already registered; pass override=True to replace it"
-            )
-        ENGINES[name] = factory
-        return factory
-
-    return deco
-
-
-def engine_names() -> list[str]:
-    """Registered engine names, sorted."""
-    return sorted(ENGINES)
-
-
-def get_engine(name: str) -> EngineFactory:
-    """The factory registered as ``name``; ``ValueError`` naming ``rollout.engine`` if unknown."""
-    try:
-        return ENGINES[name]
-    except KeyError:
-        raise ValueError(
-            f"rollout.engine: unknown engine {name!r}; registered: {', '.join(engine_names())}"
-        ) from None
+register_engine = ENGINES.register
+"""Decorator: make an engine factory selectable by ``rollout.engine=name``."""
 
 
 def build_engine(
@@ -68,7 +43,7 @@ def build_engine(
 ) -> RolloutEngine:
     """The engine named ``name`` (default ``cfg.rollout.engine``; ``cfg`` is the whole ``SearchR1Config``),
     on ``model``; ``kwargs`` go to the engine (``steer=``, ``topk=``, ``max_new_tokens=`` ...)."""
-    return get_engine(name or cfg.rollout.engine)(cfg, model, tokenizer, retriever, **kwargs)
+    return ENGINES.lookup(name or cfg.rollout.engine)(cfg, model, tokenizer, retriever, **kwargs)
 
 
 # -- built-ins (torch and transformers are imported when an engine is built) -----------------------

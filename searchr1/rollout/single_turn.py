@@ -19,7 +19,7 @@ from typing import Any
 from searchr1.retrieval.base import Hit, Retriever, SearchError
 from searchr1.rollout.actions import eos_token_ids, parse_action
 from searchr1.rollout.config import RolloutConfig
-from searchr1.rollout.engine import RolloutEngine
+from searchr1.rollout.engine import PolicyWeights, RolloutEngine, TokenListener
 from searchr1.rollout.hf import HFRolloutEngine
 from searchr1.rollout.sampling import SamplingParams
 from searchr1.rollout.steer import Steer
@@ -35,6 +35,8 @@ class _NoSearch(Retriever):
 
 class SingleTurnEngine(RolloutEngine):
     """Greedy (or sampled) one-turn replies, as ``Trajectory`` objects with prompt / generated roles."""
+
+    weight_format = "module"
 
     def __init__(
         self,
@@ -69,10 +71,15 @@ class SingleTurnEngine(RolloutEngine):
         *,
         sampling: SamplingParams | None = None,
         seed: int | None = None,
+        on_tokens: TokenListener | None = None,
     ) -> list[Trajectory]:
         """One reply per prompt, in order (greedy unless ``sampling`` says otherwise)."""
         trajs = self._engine.generate(
-            prompt_ids, metas, sampling=sampling or SamplingParams(greedy=True), seed=seed
+            prompt_ids,
+            metas,
+            sampling=sampling or SamplingParams(greedy=True),
+            seed=seed,
+            on_tokens=on_tokens,
         )
         self.last_stats = dict(self._engine.last_stats)
         for traj in trajs:
@@ -90,8 +97,8 @@ class SingleTurnEngine(RolloutEngine):
             return "search"
         return "length"
 
-    def update_weights(self, state_dict: Mapping[str, Any] | None = None) -> None:
-        self._engine.update_weights(state_dict)
+    def update_weights(self, weights: PolicyWeights) -> None:
+        self._engine.update_weights(weights)
 
     def close(self) -> None:
         self._engine.close()

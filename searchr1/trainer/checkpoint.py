@@ -10,6 +10,10 @@ Layout of ``<out_dir>/checkpoints/step_000120/``::
     config.yaml         the full run configuration
     COMPLETE            written last
 
+``trainer.keep_best=val_em`` also keeps ``<out_dir>/checkpoints/best/`` (``model/``, ``adapter/``,
+``best.json`` with the step and validation EM, ``COMPLETE``), replaced atomically when a validation
+beats it; ``best_checkpoint`` finds it and rotation never deletes it.
+
 Everything is written to ``.tmp-step_000120`` and renamed at the end (a rename is atomic on POSIX);
 only folders with ``COMPLETE`` count. ``keep_last`` complete checkpoints are kept.
 """
@@ -120,6 +124,75 @@ def save_checkpoint(
     _fsync_dir(root)
     prune_checkpoints(out_dir, keep_last)
     return final
+
+
+BEST = "best"
+BEST_INFO = "best.json"
+
+
+def best_dir(out_dir: str | Path) -> Path:
+    """Where ``trainer.keep_best`` keeps the best validated policy of a run."""
+    return checkpoint_dir(out_dir) / BEST
+
+
+def save_best(out_dir: str | Path, write_model: Any, info: dict[str, Any]) -> Path:
+    """Write the best policy so far (``write_model(folder)``) with ``info`` (step, val EM) to
+    ``best_dir``, replacing the previous best atomically."""
+    import json
+
+    final = best_dir(out_dir)
+    tmp = final.parent / f".tmp-{BEST}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    write_model(tmp)
+    (tmp / BEST_INFO).write_text(json.dumps(info) + "\n")
+    (tmp / COMPLETE).write_text(f"{info.get('step')}\n")
+    _fsync_dir(tmp)
+    if final.exists():
+        old = final.parent / f".old-{BEST}"
+        if old.exists():
+            shutil.rmtree(old)
+        os.rename(final, old)
+        os.rename(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, final)
+    _fsync_dir(final.parent)
+    return final
+
+
+def best_checkpoint(out_dir: str | Path) -> tuple[Path, dict[str, Any]] | None:
+    """``(folder, info)`` of a run's kept best policy, or None when it has none (complete ones only)."""
+    import json
+
+    folder = best_dir(out_dir)
+    if not (folder / COMPLETE).is_file():
+        return None
+    return folder, json.loads((folder / BEST_INFO).read_text())
+
+
+def export_policy(run_dir: str | Path, out: str | Path, best: bool = False) -> tuple[Path, str]:
+    """Copy a run's policy (``model/``, a ``from_pretrained`` folder) to ``out``: the newest complete
+    checkpoint's, or with ``best`` the kept best (``trainer.keep_best``). Returns (the copied folder,
+    where it came from)."""
+    if best:
+        kept = best_checkpoint(run_dir)
+        if kept is None:
+            raise FileNotFoundError(
+                f"{run_dir}: no kept best policy (train with trainer.keep_best=val_em and trainer.val_every > 0)"
+            )
+        source, origin = kept[0], f"best validation EM {kept[1]['em']:.3f} at step {kept[1]['step']}"
+    else:
+        latest = latest_checkpoint(run_dir)
+        if latest is None:
+            raise FileNotFoundError(f"{run_dir}: no complete checkpoint")
+        source, origin = latest, f"newest checkpoint {latest.name}"
+    target = Path(out)
+    if target.exists() and any(target.iterdir()):
+        raise FileExistsError(f"{target} exists and is not empty")
+    shutil.copytree(source / "model", target, dirs_exist_ok=True)
+    return target, origin
 
 
 def prune_checkpoints(out_dir: str | Path, keep_last: int) -> None:

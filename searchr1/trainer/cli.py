@@ -2,10 +2,13 @@
 
 searchr1 train --config tiny_cpu trainer.total_steps=50 trainer.out_dir=runs/tiny
     (checkpoints: runs/tiny/checkpoints/step_000050/model is a Hugging Face folder for `searchr1 eval --model`)
-searchr1 train --config grpo_qwen2.5_3b data.train_files=[train.parquet]
+searchr1 train --config grpo_qwen2.5_3b data.train_files=[data/train.parquet] data.val_files=[data/test.parquet]
 torchrun --nproc_per_node 8 -m searchr1 train --config ppo_qwen2.5_3b
 searchr1 train --plot runs/tiny                 # (re)write the PNG plots of a run
-searchr1 train --config X.yaml --print-config   # the resolved configuration, nothing trained
+searchr1 train --config tiny_cpu --print-config   # the resolved configuration, nothing trained
+searchr1 train --list-keys                        # every key, its default and doc (--plugin M: with M's names)
+searchr1 train --export runs/tiny export/tiny     # copy a run's newest policy (a from_pretrained folder)
+searchr1 train --export runs/tiny export/best --best   # the kept best validated one (trainer.keep_best)
 """
 
 from __future__ import annotations
@@ -17,12 +20,11 @@ from typing import Any
 
 import yaml
 
-from searchr1.config import ConfigError, describe, load_config, to_dict
+from searchr1.cli_common import add_plugin_flag, help_lists_names
+from searchr1.config import ConfigError, describe, load_config, resolve_config_path, to_dict
 from searchr1.errors import UserFacingError
-from searchr1.trainer.configs import resolve_config_path
+from searchr1.plugins import PluginError, import_plugins
 from searchr1.trainer.plots import write_plots
-
-__all__ = ["register", "resolve_config_path"]
 
 
 def register(subparsers: Any) -> None:
@@ -31,25 +33,53 @@ def register(subparsers: Any) -> None:
         help="train a policy with RL (PPO, GRPO, RLOO, REINFORCE, REINFORCE++)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        add_help=False,
     )
+    help_lists_names(parser)
     parser.add_argument(
-        "--config", help="YAML config file (or the name of a shipped one: tiny_cpu, grpo_qwen2.5_3b, ppo_qwen2.5_3b, ...); keys not given keep their defaults"
+        "--config",
+        help="YAML config file (or the name of a shipped one: tiny_cpu, grpo_qwen2.5_3b, ppo_qwen2.5_3b, ...); keys not given keep their defaults",
     )
     parser.add_argument(
         "overrides", nargs="*", help="dotted key=value overrides, e.g. trainer.total_steps=10"
     )
+    add_plugin_flag(parser)
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     parser.add_argument(
         "--list-keys", action="store_true", help="list every config key with its default and doc"
     )
     parser.add_argument("--plot", metavar="RUN_DIR", help="write the PNG plots of an existing run and exit")
+    parser.add_argument(
+        "--export",
+        nargs=2,
+        metavar=("RUN_DIR", "OUT"),
+        help="copy the run's newest checkpointed policy (a from_pretrained folder) to OUT and exit",
+    )
+    parser.add_argument(
+        "--best",
+        action="store_true",
+        help="with --export: the policy of the best validation EM (trainer.keep_best=val_em) instead",
+    )
     parser.set_defaults(func=_main)
 
 
 def _main(args: argparse.Namespace) -> int:
     if args.list_keys:
+        try:
+            import_plugins(args.plugin)
+        except PluginError as exc:
+            raise UserFacingError(str(exc)) from exc
         for key, default, doc in describe():
             print(f"{key} = {default}\n    {doc}")
+        return 0
+    if args.export:
+        from searchr1.trainer.checkpoint import export_policy  # torch
+
+        try:
+            folder, origin = export_policy(*args.export, best=args.best)
+        except (FileNotFoundError, FileExistsError) as exc:
+            raise UserFacingError(str(exc)) from exc
+        print(f"{folder}  ({origin})")
         return 0
     if args.plot:
         if not (Path(args.plot) / "metrics.jsonl").is_file():
@@ -58,7 +88,7 @@ def _main(args: argparse.Namespace) -> int:
             print(path)
         return 0
     try:
-        cfg = load_config(resolve_config_path(args.config), args.overrides)
+        cfg = load_config(resolve_config_path(args.config), args.overrides, plugins=args.plugin)
     except ConfigError as exc:
         raise UserFacingError(str(exc)) from exc
     if args.print_config:

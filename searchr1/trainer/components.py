@@ -17,9 +17,12 @@ from typing import Any
 import torch
 
 from searchr1.algorithms.registry import advantage_traits
+from searchr1.data.formats import load_samples
+from searchr1.data.synth import ensure_world
 from searchr1.models import load_model, load_tokenizer, merged_lora_state_dict, resolve_model
 from searchr1.retrieval.factory import build_retriever
-from searchr1.trainer import adapters
+from searchr1.rewards.composite import build_reward
+from searchr1.trainer.critic import ValueModel
 from searchr1.trainer.distributed import DistInfo, full_state_dict, unwrap
 
 
@@ -42,7 +45,7 @@ def resolve_data(cfg: Any, out_dir: Path) -> tuple[list[str], list[str], str | N
     """(train files, val files, corpus) - the synthetic world when no training files are given."""
     if cfg.data.train_files:
         return list(cfg.data.train_files), list(cfg.data.val_files or []), None
-    files = adapters.synthetic_world(out_dir / "world", seed=cfg.seed)
+    files = ensure_world(out_dir / "world", seed=cfg.seed)
     val = list(cfg.data.val_files) if cfg.data.val_files else [str(files["val"])]
     return [str(files["train"])], val, str(files["corpus"])
 
@@ -58,43 +61,70 @@ def prepare_files(cfg: Any, world: bool = True, model: bool = True) -> None:
 
 
 def build(cfg: Any, injected: dict[str, Any], resume_from: Path | None) -> Built:
-    out_dir = Path(cfg.trainer.out_dir)
-    # -- data
+    """Every piece of a run: the injected ones as given, the others from ``cfg`` (and the checkpoint
+    ``resume_from``, if any)."""
+    train_samples, val_samples, corpus = _samples(cfg, injected)
+    retriever = injected.get("retriever")
+    if retriever is None:
+        retriever = _retriever(cfg, corpus)
+    tokenizer = injected.get("tokenizer")
+    if tokenizer is None:
+        tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.path)
+    reward_fn = injected.get("reward_fn")
+    if reward_fn is None:
+        reward_fn = build_reward(cfg.reward)
+    policy, reference = _policy_and_reference(cfg, injected.get("model"), resume_from)
+    return Built(
+        tokenizer=tokenizer,
+        policy=policy,
+        reference=reference,
+        critic=_critic(cfg, resume_from),
+        retriever=retriever,
+        reward_fn=reward_fn,
+        train_samples=train_samples,
+        val_samples=val_samples,
+        engine=injected.get("engine"),
+        lora=cfg.model.lora_r > 0,
+        model_path=str(cfg.model.path),
+    )
+
+
+def _samples(cfg: Any, injected: dict[str, Any]) -> tuple[list[Any], list[Any], str | None]:
+    """(training samples, validation samples, the synthetic world's corpus when it is the data)."""
     train_samples = injected.get("train_samples")
     val_samples = injected.get("val_samples")
     corpus = None
     if train_samples is None:
-        train_files, val_files, corpus = resolve_data(cfg, out_dir)
-        train_samples = adapters.load_samples(train_files)
+        train_files, val_files, corpus = resolve_data(cfg, Path(cfg.trainer.out_dir))
+        train_samples = [s for path in train_files for s in load_samples(path)]
         if val_samples is None:
-            val_samples = adapters.load_samples(val_files) if val_files else []
-    val_samples = val_samples or []
+            val_samples = [s for path in val_files for s in load_samples(path)]
     if len(train_samples) < cfg.trainer.batch_size:
         raise ValueError(
             f"trainer.batch_size={cfg.trainer.batch_size} but the training data has only {len(train_samples)} prompts"
         )
-    # -- retriever
-    retriever = injected.get("retriever")
-    if retriever is None:
-        rcfg = cfg.retrieval
-        if corpus and rcfg.index is None and getattr(rcfg, "corpus", None) in (None, ""):
-            rcfg = dataclasses.replace(rcfg, corpus=corpus)
+    return list(train_samples), list(val_samples or []), corpus
 
-        retriever = build_retriever(rcfg)
-    # -- tokenizer and policy
 
-    model = injected.get("model")
-    tokenizer = injected.get("tokenizer")
-    model_path = cfg.model.path
-    if tokenizer is None:
-        tokenizer = load_tokenizer(cfg.model.tokenizer or model_path)
+def _retriever(cfg: Any, world_corpus: str | None) -> Any:
+    """``retrieval``'s backend; over the synthetic world's corpus when it is the data and no index or
+    corpus is named."""
+    rcfg = cfg.retrieval
+    if world_corpus and rcfg.index is None and not rcfg.corpus:
+        rcfg = dataclasses.replace(rcfg, corpus=world_corpus)
+    return build_retriever(rcfg)
+
+
+def _policy_and_reference(
+    cfg: Any, model: Any, resume_from: Path | None
+) -> tuple[torch.nn.Module, torch.nn.Module | None]:
+    """The policy (the injected ``model`` or ``model.path``; resumed weights; LoRA; checkpointing) and
+    the frozen or EMA reference when the KL needs one (none with LoRA: the adapter switched off is it)."""
     lora = cfg.model.lora_r > 0
     if model is None:
-        source = model_path
-        if resume_from is not None and not lora:
-            source = str(resume_from / "model")
+        source = str(resume_from / "model") if resume_from is not None and not lora else cfg.model.path
         model = load_model(source, dtype=cfg.model.dtype)
-        base_for_ref = model_path
+        base_for_ref = cfg.model.path
     else:
         base_for_ref = None
         if resume_from is not None and not lora:
@@ -120,30 +150,20 @@ def build(cfg: Any, injected: dict[str, Any], resume_from: Path | None) -> Built
         if lora and hasattr(model, "enable_input_require_grads"):
             model.enable_input_require_grads()
         model.config.use_cache = False
-    # -- critic: when the advantage estimator reads values (registered with needs_critic=True: gae)
-    critic = None
-    if advantage_traits(cfg.algorithm.advantage).needs_critic:
-        source = cfg.model.critic_path or model_path
-        if resume_from is not None and (resume_from / "critic").is_dir():
-            source = str(resume_from / "critic")
-        critic = adapters.build_value_model(source, dtype=cfg.model.dtype)
-        if cfg.model.gradient_checkpointing:
-            critic.gradient_checkpointing_enable()
-    # -- reward
-    reward_fn = injected.get("reward_fn") or adapters.build_reward(cfg.reward)
-    return Built(
-        tokenizer=tokenizer,
-        policy=model,
-        reference=reference,
-        critic=critic,
-        retriever=retriever,
-        reward_fn=reward_fn,
-        train_samples=list(train_samples),
-        val_samples=list(val_samples),
-        engine=injected.get("engine"),
-        lora=lora,
-        model_path=str(model_path),
-    )
+    return model, reference
+
+
+def _critic(cfg: Any, resume_from: Path | None) -> torch.nn.Module | None:
+    """The value model, when the advantage estimator reads values (registered with ``needs_critic``)."""
+    if not advantage_traits(cfg.algorithm.advantage).needs_critic:
+        return None
+    source = cfg.model.critic_path or cfg.model.path
+    if resume_from is not None and (resume_from / "critic").is_dir():
+        source = str(resume_from / "critic")
+    critic = ValueModel.from_pretrained(str(source), dtype=cfg.model.dtype)
+    if cfg.model.gradient_checkpointing:
+        critic.gradient_checkpointing_enable()
+    return critic
 
 
 def _load_hf_weights(folder: Path) -> dict[str, torch.Tensor]:

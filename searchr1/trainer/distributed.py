@@ -74,14 +74,6 @@ def all_gather_objects(obj: Any, info: DistInfo) -> list[Any]:
     return out
 
 
-def broadcast_object(obj: Any, info: DistInfo) -> Any:
-    if not info.enabled:
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
 def barrier(info: DistInfo) -> None:
     if info.enabled:
         dist.barrier()

@@ -17,7 +17,6 @@ from typing import Any
 import torch
 
 from searchr1.rollout.types import Role, Trajectory
-from searchr1.trainer.batching import longest_first, plan_buckets
 from searchr1.trainer.distributed import all_gather_objects
 
 PER_TOKEN = (
@@ -120,6 +119,23 @@ def rank_share(rows: Sequence[int], group_ids: Sequence[int], rank: int, world: 
     return [r for g in keys[rank * per : (rank + 1) * per] for r in groups[g]]
 
 
+def rows_with_signal(scores: Sequence[float], group_ids: Sequence[int], multiple: int = 1) -> list[int]:
+    """Rows of the groups whose rewards are not all equal, in row order (DAPO's group filter).
+
+    The count of groups kept is made a multiple of ``multiple`` (ranks x mini-batches, so whole groups
+    still share out evenly) by adding the fewest groups without signal, first ones first; none kept
+    when no group has signal."""
+    groups: dict[int, list[int]] = {}
+    for row, gid in enumerate(group_ids):
+        groups.setdefault(gid, []).append(row)
+    signal = [g for g, rows in groups.items() if max(scores[r] for r in rows) > min(scores[r] for r in rows)]
+    if not signal:
+        return []
+    flat = [g for g in groups if g not in signal]
+    keep = set(signal) | set(flat[: -len(signal) % max(1, multiple)])
+    return [row for g, rows in groups.items() if g in keep for row in rows]
+
+
 def build_experience(
     trajectories: Sequence[Trajectory],
     scores: Sequence[float],
@@ -185,7 +201,7 @@ def micro_batches(
 
     With ``max_tokens > 0`` a micro-batch holds as many rows as fit ``rows * longest <= max_tokens``
     (at least one), so short sequences share a micro-batch and long ones get their own
-    (``searchr1.trainer.batching.plan_buckets``); otherwise ``max_rows`` rows each.
+    (``plan_buckets``); otherwise ``max_rows`` rows each.
     """
     rows = sorted(rows)  # index order = row order: equal lengths keep row order
     lengths = [int(seq_lens[r]) for r in rows]
@@ -195,3 +211,20 @@ def micro_batches(
         order, step = longest_first(lengths), max(1, max_rows)
         groups = [order[s : s + step] for s in range(0, len(order), step)]
     return [[rows[i] for i in g] for g in groups]
+
+
+def longest_first(lengths: Sequence[int]) -> list[int]:
+    """Row indices by decreasing length, ties in index order."""
+    return sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+
+
+def plan_buckets(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Groups of row indices, longest first, with ``len(group) * max_length(group) <= max_tokens``
+    (a sequence longer than ``max_tokens`` is alone): little padding, any attention kernel."""
+    groups: list[list[int]] = []
+    for i in longest_first(lengths):
+        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= max_tokens:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import math
 import signal
 import sys
@@ -30,14 +31,19 @@ from typing import Any
 import torch
 import yaml
 
+from searchr1 import threads
 from searchr1.algorithms.advantages import compute_advantages, scores_to_token_rewards
 from searchr1.algorithms.aggregation import masked_mean
-from searchr1.algorithms.kl import AdaptiveKLController
+from searchr1.algorithms.kl import AdaptiveKLController, kl_penalty
 from searchr1.algorithms.reference import ema_update_
-from searchr1.config import to_dict
+from searchr1.data.formats import sample_meta, sample_prompt
+from searchr1.data.prompts import describe_template, resolve_template
 from searchr1.precision import autocast, fast_bf16, frozen_linears_to_bf16
-from searchr1.rollout.records import trajectory_record
-from searchr1.trainer import adapters, checkpoint, components
+from searchr1.rewards.format import is_valid_format
+from searchr1.rollout.records import answer_and_scores, trajectory_record
+from searchr1.rollout.registry import build_engine
+from searchr1.rollout.sampling import SamplingParams
+from searchr1.trainer import checkpoint, components
 from searchr1.trainer.distributed import (
     DistInfo,
     all_gather_objects,
@@ -51,8 +57,17 @@ from searchr1.trainer.distributed import (
     unwrap,
     wrap_model,
 )
-from searchr1.trainer.experience import Experience, build_experience, gather_experience, micro_batches
+from searchr1.trainer.engine_weights import check_weight_format, hand_weights
+from searchr1.trainer.experience import (
+    Experience,
+    build_experience,
+    gather_experience,
+    micro_batches,
+    rows_with_signal,
+)
+from searchr1.trainer.health import CollapseMonitor, flat_group_share
 from searchr1.trainer.plots import write_plots
+from searchr1.trainer.policy import PolicyLogprobs
 from searchr1.trainer.schedule import PromptSampler, make_scheduler
 from searchr1.trainer.search_health import SearchAlert, SearchFailureMonitor, first_search_error
 from searchr1.trainer.tracking import MetricsLogger, ProgressBar
@@ -74,8 +89,9 @@ def _seed_for(*parts: int) -> int:
 class RLTrainer:
     """Trains a policy with the algorithm of ``cfg.algorithm`` (PPO/GAE, GRPO, RLOO, REINFORCE(++)).
 
-    Components may be injected (a model, a retriever, a reward function, samples); anything not
-    given is built from the configuration.
+    Components may be injected (a model, a retriever, a reward with ``score_trajectories(trajs, decode)``
+    such as ``searchr1.rewards.CompositeReward``, samples, a rollout engine); anything not given is built
+    from the configuration.
     """
 
     def __init__(
@@ -104,6 +120,13 @@ class RLTrainer:
         self.search_monitor = SearchFailureMonitor(
             cfg.rollout.max_search_failure_rate, cfg.rollout.search_failure_window
         )
+        self.health = CollapseMonitor()
+        self.steps_without_signal = 0
+        """Consecutive steps in which every group's rewards were all equal (``trainer.stop_without_signal``)."""
+        self.updates = 0
+        """Steps whose policy update ran (the policy can only have changed if this is > 0)."""
+        self.best_val: dict[str, float] | None = None
+        """``{"step", "em"}`` of the best validation so far (``trainer.keep_best``)."""
         self._stop_signal: int | None = None
         self._injected = dict(
             model=model,
@@ -134,6 +157,7 @@ class RLTrainer:
             return
 
         torch.manual_seed(self.cfg.seed)
+        threads.configure(self.tcfg.adaptive_threads and self.device.type == "cpu")
         if self.dist.is_main:  # the world and the converted model are written once, by rank 0
             components.prepare_files(
                 self.cfg,
@@ -144,6 +168,10 @@ class RLTrainer:
         resume_from = checkpoint.resolve_resume(self.tcfg.resume, self.out_dir)
         built = components.build(self.cfg, self._injected, resume_from=resume_from)
         self.tokenizer = built.tokenizer
+        asked = self.cfg.data.template  # auto: the tokenizer's chat template, else base (recorded resolved)
+        self.cfg.data.template = resolve_template(asked, self.tokenizer)
+        if self.dist.is_main:
+            print(f"template: {describe_template(asked, self.cfg.data.template)}", file=sys.stderr)
         self.policy = built.policy.to(self.device)
         self.reference = built.reference.to(self.device) if built.reference is not None else None
         self.critic = built.critic.to(self.device) if built.critic is not None else None
@@ -151,15 +179,13 @@ class RLTrainer:
         self.reward_fn = built.reward_fn
         self.train_samples = built.train_samples
         self.val_samples = built.val_samples
-        self.engine = built.engine or adapters.make_engine(
-            self.cfg, self.policy, self.tokenizer, self.retriever
-        )
+        self.engine = built.engine or build_engine(self.cfg, self.policy, self.tokenizer, self.retriever)
         self.lora = built.lora
         self.base_model_path = built.model_path
         if self.lora and self.cfg.model.bf16_autocast and fast_bf16(self.device):
             frozen_linears_to_bf16(self.policy)
         self.actor = wrap_model(
-            adapters.PolicyLogprobs(self.policy, share_prefix=self.tcfg.share_prompt_prefix),
+            PolicyLogprobs(self.policy, share_prefix=self.tcfg.share_prompt_prefix, fused=self.tcfg.fused_update),
             self.dist,
             self.tcfg.strategy,
             self.device,
@@ -190,7 +216,16 @@ class RLTrainer:
         self.prompt_cache: dict[int, list[int]] = {}
         if resume_from is not None:
             self._load_state(resume_from)
+        check_weight_format(self.engine, self.lora)
+        self._hand_weights(self.step)  # the engine starts from the policy as set up (a resumed one included)
         self._setup_done = True
+
+    def _hand_weights(self, step: int) -> None:
+        """The rollout engine receives the policy's weights after ``step`` updates, in the form it takes."""
+        hand_weights(
+            self.engine, self.policy, step=step, tokenizer=self.tokenizer, lora=self.lora,
+            dist=self.dist, out_dir=self.out_dir,
+        )  # fmt: skip
 
     @torch.no_grad()
     def _fsdp_lazy_init(self) -> None:
@@ -213,6 +248,13 @@ class RLTrainer:
         self.nonfinite_in_a_row = int(state.get("nonfinite_in_a_row", 0))
         self.nonfinite_total = int(state.get("nonfinite_total", 0))
         self.algo_state = dict(state.get("algo_state", {}))
+        self.health.load_state_dict(state.get("health", {}))
+        self.steps_without_signal = int(state.get("steps_without_signal", 0))
+        self.updates = int(state.get("updates", self.step))
+        self.best_val = state.get("best_val")
+        kept = checkpoint.best_checkpoint(self.out_dir)  # a best written after this checkpoint still counts
+        if kept is not None and (self.best_val is None or kept[1]["em"] > self.best_val["em"]):
+            self.best_val = kept[1]
         rng = state["rng"]
         checkpoint.set_rng_state(
             rng[self.dist.rank] if isinstance(rng, list) and len(rng) > self.dist.rank else rng
@@ -225,7 +267,7 @@ class RLTrainer:
 
     def _prompt_ids(self, index: int) -> list[int]:
         if index not in self.prompt_cache:
-            text = adapters.prompt_text(self.train_samples[index], self.cfg.data.template, self.tokenizer)
+            text = sample_prompt(self.train_samples[index], self.cfg.data.template, self.tokenizer)
             self.prompt_cache[index] = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return self.prompt_cache[index]
 
@@ -239,18 +281,17 @@ class RLTrainer:
             gid = self.dist.rank * share + slot
             for k in range(n):
                 prompt_ids.append(self._prompt_ids(idx))
-                meta = adapters.sample_meta(self.train_samples[idx], idx)
+                meta = sample_meta(self.train_samples[idx], idx)
                 meta.update(group_id=gid, sample_in_group=k)
                 metas.append(meta)
                 groups.append(gid)
         self.policy.eval()
         t0 = time.perf_counter()
         with torch.no_grad(), self._autocast():
-            trajs = adapters.generate(
-                self.engine,
+            trajs = self.engine.generate(
                 prompt_ids,
                 metas,
-                adapters.sampling_params(self.cfg.rollout),
+                sampling=SamplingParams.from_config(self.cfg.rollout),
                 seed=_seed_for(self.cfg.seed, step, self.dist.rank),
             )
         return trajs, groups, time.perf_counter() - t0
@@ -293,7 +334,7 @@ class RLTrainer:
         """``[N, V]`` reference logits at the trained positions of a micro-batch (vocabulary KL)."""
         model = self.policy if self.lora else self.reference
         with self._reference_context():
-            _, _, logits, _ = adapters.PolicyLogprobs(model)(
+            _, _, logits, _ = PolicyLogprobs(model)(
                 mb.input_ids,
                 mb.attention_mask,
                 target_mask=mb.train_mask,
@@ -306,13 +347,14 @@ class RLTrainer:
         model = self.policy if self.lora else self.reference
         with self._reference_context():
             share = self.tcfg.share_prompt_prefix
-            return self._per_token(adapters.PolicyLogprobs(model, share_prefix=share), exp, "logprobs")
+            module = PolicyLogprobs(model, share_prefix=share, fused=self.tcfg.fused_update)
+            return self._per_token(module, exp, "logprobs")
 
     def make_experience(self, trajs: list[Any], groups: list[int]) -> tuple[Experience, dict[str, float]]:
         """Rewards, old / reference log-probs, values and advantages of a rollout batch."""
         decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
         t0 = time.perf_counter()
-        rewards = adapters.score(self.reward_fn, trajs, decode)
+        rewards = self.reward_fn.score_trajectories(trajs, decode)
         t_reward = time.perf_counter() - t0
         exp = build_experience(
             trajs,
@@ -335,7 +377,7 @@ class RLTrainer:
         token_rewards = None
         kl_metric = None
         if exp.ref_logprobs is not None and exp.old_logprobs is not None:
-            kl_mat = adapters.token_kl(exp.old_logprobs, exp.ref_logprobs, self.algo.kl_estimator)
+            kl_mat = kl_penalty(exp.old_logprobs, exp.ref_logprobs, self.algo.kl_estimator)
             kl_metric = float(masked_mean(kl_mat, exp.train_mask))
             if self.algo.use_kl_in_reward:
                 token_rewards = (
@@ -369,12 +411,8 @@ class RLTrainer:
             add("reward/mean", rew.total)
             for name, value in rew.components.items():
                 add(f"reward/{name}", value)
-            add(
-                "reward/em",
-                adapters.answer_metrics(
-                    traj.generated_text_only(self.tokenizer.decode), traj.meta.get("golden_answers", [])
-                )["em"],
-            )
+            add("reward/em", self._answer_scores(traj, traj.meta.get("golden_answers", []))["em"])
+            add("rollout/valid_format", float(is_valid_format(self._decode(traj.response_ids))))
             add("rollout/searches", traj.searches)
             add("rollout/turns", traj.turns)
             add("rollout/invalid_actions", traj.invalid_actions)
@@ -403,13 +441,35 @@ class RLTrainer:
         out["actor/advantage_mean"] = float(adv)
         return out
 
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def _answer_scores(self, traj: Any, golden: list[str]) -> dict[str, float]:
+        """EM / subEM / F1 of a trajectory's answer, read as the evaluation and the reward read it."""
+        decode_text = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+        return answer_and_scores(traj, decode_text, list(golden), self.cfg.reward.normalization)[2]
+
+    def _filter_groups(self, exp: Experience, metrics: dict[str, float]) -> Experience | None:
+        """``algorithm.filter_groups``: the batch without its groups of equal rewards (None: none left)."""
+        scores = exp.scores.tolist()
+        metrics["rollout/flat_groups"] = flat_group_share(scores, exp.group_ids)
+        if not self.algo.filter_groups:
+            return exp
+        multiple = self.dist.world_size * (self.tcfg.batch_size // self.tcfg.mini_batch_size)
+        rows = rows_with_signal(scores, exp.group_ids, multiple)
+        metrics["actor/trained_share"] = len(rows) / max(1, len(exp))
+        return exp.select(rows) if rows else None
+
     def train_step(self) -> dict[str, float]:
         step = self.step
         t_step = time.perf_counter()
         indices = self.sampler.next_batch()
         trajs, groups, t_rollout = self.rollout(indices, step)
         exp, metrics = self.make_experience(trajs, groups)
+        exp = self._filter_groups(exp, metrics)
         t0 = time.perf_counter()
+        if exp is None:  # every group scored alike: no advantage anywhere, nothing to update
+            return self._finish_step(step, metrics, t_step, t_rollout, t0, update_actor=False, trajs=trajs)
         update_actor = step >= self.tcfg.critic_warmup_steps or self.critic is None
         self.policy.train()
         if self.critic is not None:
@@ -438,9 +498,28 @@ class RLTrainer:
             bf16_autocast=self.cfg.model.bf16_autocast,
             reference_logits_fn=self._reference_logits if self.algo.kl_loss_type != "token" else None,
         )
-        self.engine.update_weights()  # a generation copy (another dtype, merged LoRA) follows the policy
-        t_update = time.perf_counter() - t0
+        self._hand_weights(step + 1)
         metrics.update(upd_metrics)
+        if skipped:
+            self.nonfinite_in_a_row += 1
+            self.nonfinite_total += skipped
+        else:
+            self.nonfinite_in_a_row = 0
+        return self._finish_step(step, metrics, t_step, t_rollout, t0, update_actor=update_actor, trajs=trajs)
+
+    def _finish_step(
+        self,
+        step: int,
+        metrics: dict[str, float],
+        t_step: float,
+        t_rollout: float,
+        t_update_start: float,
+        *,
+        update_actor: bool,
+        trajs: list[Any],
+    ) -> dict[str, float]:
+        """Schedulers, the EMA reference, and the step's bookkeeping metrics."""
+        t_update = time.perf_counter() - t_update_start
         if update_actor:
             metrics.setdefault("actor/clipfrac", 0.0)  # losses without a ratio clip nothing
         with warnings.catch_warnings():  # a skipped (non-finite) optimizer step is not a bug here
@@ -449,17 +528,15 @@ class RLTrainer:
             if self.critic_scheduler is not None:
                 self.critic_scheduler.step()
         self._after_update(step, metrics)
-        if skipped:
-            self.nonfinite_in_a_row += 1
-            self.nonfinite_total += skipped
-        else:
-            self.nonfinite_in_a_row = 0
         metrics["train/nonfinite_skipped"] = float(self.nonfinite_total)
         metrics["actor/lr"] = self.actor_scheduler.get_last_lr()[0]
         if self.critic_scheduler is not None:
             metrics["critic/lr"] = self.critic_scheduler.get_last_lr()[0]
         metrics["actor/kl"] = metrics.get("rollout/ref_kl", 0.0)
         metrics["actor/updated"] = float(update_actor)
+        self.updates += int(update_actor)
+        no_signal = metrics.get("rollout/flat_groups", 0.0) >= 1.0
+        self.steps_without_signal = self.steps_without_signal + 1 if no_signal else 0
         metrics["timing/rollout"] = t_rollout
         metrics["timing/update"] = t_update
         metrics["timing/step"] = time.perf_counter() - t_step
@@ -525,26 +602,20 @@ class RLTrainer:
         bs = max(1, self.tcfg.batch_size * self.cfg.rollout.n)
         for start in range(0, len(mine), bs):
             chunk = mine[start : start + bs]
-            metas = [adapters.sample_meta(samples[i], i) for i in chunk]
+            metas = [sample_meta(samples[i], i) for i in chunk]
             prompts = [
                 self.tokenizer(
-                    adapters.prompt_text(samples[i], self.cfg.data.template, self.tokenizer),
+                    sample_prompt(samples[i], self.cfg.data.template, self.tokenizer),
                     add_special_tokens=False,
                 )["input_ids"]
                 for i in chunk
             ]
             with self._autocast():
-                trajs = adapters.generate(
-                    self.engine,
-                    prompts,
-                    metas,
-                    adapters.sampling_params(self.cfg.rollout, greedy=True),
-                    seed=self.cfg.seed,
+                trajs = self.engine.generate(
+                    prompts, metas, sampling=SamplingParams.greedy_eval(self.cfg.rollout), seed=self.cfg.seed
                 )
             for traj, meta in zip(trajs, metas, strict=True):
-                m = adapters.answer_metrics(
-                    traj.generated_text_only(self.tokenizer.decode), meta["golden_answers"]
-                )
+                m = self._answer_scores(traj, meta["golden_answers"])
                 rows.append(
                     {"source": meta["data_source"], **m, "searches": traj.searches, "turns": traj.turns}
                 )
@@ -556,7 +627,7 @@ class RLTrainer:
         for source, rs in sorted(by_source.items()):
             for key in ("em", "f1", "searches", "turns"):
                 out[f"val/{source}/{key}"] = sum(r[key] for r in rs) / len(rs)
-        for key in ("em", "f1", "searches", "turns"):
+        for key in ("em", "sub_em", "f1", "searches", "turns"):
             out[f"val/{key}"] = sum(r[key] for r in all_rows) / max(1, len(all_rows))
         return out
 
@@ -590,6 +661,10 @@ class RLTrainer:
                 "nonfinite_total": self.nonfinite_total,
                 "algo_state": self.algo_state,
                 "world_size": self.dist.world_size,
+                "health": self.health.state_dict(),
+                "steps_without_signal": self.steps_without_signal,
+                "updates": self.updates,
+                "best_val": self.best_val,
             }
 
             def write(folder: Path) -> None:
@@ -606,7 +681,7 @@ class RLTrainer:
                 self.step,
                 write,
                 state,
-                yaml.safe_dump(to_dict(self.cfg), sort_keys=False),
+                yaml.safe_dump(dataclasses.asdict(self.cfg), sort_keys=False),
                 keep_last=self.tcfg.keep_last,
             )
         barrier(self.dist)
@@ -627,20 +702,26 @@ class RLTrainer:
             self.out_dir,
             self.tcfg.log_backends,
             enabled=is_main,
-            run_config=to_dict(self.cfg),
+            run_config=dataclasses.asdict(self.cfg),
             wandb_project=self.tcfg.wandb_project,
             wandb_mode=self.tcfg.wandb_mode,
             resume_step=self.step,
         )
         if is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            (self.out_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(self.cfg), sort_keys=False))
+            (self.out_dir / "config.yaml").write_text(
+                yaml.safe_dump(dataclasses.asdict(self.cfg), sort_keys=False)
+            )
         old_handlers = {}
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(ValueError):  # not in the main thread
                 old_handlers[sig] = signal.signal(sig, self._on_signal)
         bar = ProgressBar(
-            self.tcfg.total_steps, initial=self.step, enabled=is_main and self.tcfg.progress_bar
+            self.tcfg.total_steps,
+            initial=self.step,
+            enabled=is_main and self.tcfg.progress_bar,
+            lines=self.tcfg.progress_lines,
+            label=self.tcfg.progress_label,
         )
         summary: dict[str, Any] = {"out_dir": str(self.out_dir)}
         last: dict[str, float] = {}
@@ -654,6 +735,10 @@ class RLTrainer:
                 metrics = self.train_step()
                 if self.tcfg.val_every and self.step % self.tcfg.val_every == 0:
                     metrics.update(self.validate())
+                    self._keep_if_best(metrics)
+                for alert in self.health.observe(self.step, metrics):
+                    if is_main:
+                        bar.write(alert.message)
                 logger.log(self.step, metrics)
                 if is_main:
                     self._write_trajectories(metrics)
@@ -681,6 +766,15 @@ class RLTrainer:
                     bar.write(f"signal received: checkpoint written at step {self.step} ({path}); stopping")
                     summary["interrupted"] = True
                     break
+                quiet = self.tcfg.stop_without_signal
+                if quiet and self.steps_without_signal >= quiet:
+                    self.save()
+                    bar.write(
+                        f"stopping at step {self.step}: in {quiet} steps in a row every group's rewards were all "
+                        "equal, so there was nothing to learn from (trainer.stop_without_signal)"
+                    )
+                    summary["stopped_without_signal"] = self.step
+                    break
                 if self.tcfg.save_every and self.step % self.tcfg.save_every == 0:
                     self.save()
                 if is_main and self.tcfg.plot_every and self.step % self.tcfg.plot_every == 0:
@@ -699,10 +793,33 @@ class RLTrainer:
                     signal.signal(sig, handler)
         if is_main and self.tcfg.plot_at_end:
             summary["plots"] = [str(p) for p in self._plots()]
-        summary.update(step=self.step, last=last, first_val=first_val)
+        summary.update(step=self.step, last=last, first_val=first_val, updates=self.updates)
+        summary["health"] = [a.__dict__ for a in self.health.alerts]
+        summary["best"] = self.best_val
         latest = checkpoint.latest_checkpoint(self.out_dir)
         summary["checkpoint"] = str(latest) if latest else None
         return summary
+
+    def _keep_if_best(self, metrics: dict[str, float]) -> None:
+        """``trainer.keep_best=val_em``: a validation EM above every earlier one (ties keep the earlier)
+        writes the policy to ``checkpoints/best`` (``checkpoint.best_dir``), with its step and EM."""
+        if self.tcfg.keep_best != "val_em" or "val/em" not in metrics:
+            return
+        em = float(metrics["val/em"])
+        if self.best_val is not None and em <= self.best_val["em"]:
+            return
+        self.best_val = {"step": self.step, "em": em}
+        metrics["val/best_em"] = em
+        policy_sd = full_state_dict(self.policy, self.dist) if self.dist.enabled and not self.lora else None
+        if self.dist.is_main:
+            checkpoint.save_best(
+                self.out_dir,
+                lambda folder: components.save_policy(
+                    self.policy, self.tokenizer, folder, lora=self.lora, state_dict=policy_sd
+                ),
+                self.best_val,
+            )
+        barrier(self.dist)
 
     def _search_alert(self, metrics: dict[str, float]) -> SearchAlert:
         """This step's failed / attempted searches (all ranks) through the search-failure monitor."""

@@ -10,9 +10,8 @@ from hypothesis import strategies as st
 
 from searchr1.algorithms.aggregation import AggNorms
 from searchr1.algorithms.config import AlgorithmConfig
-from searchr1.algorithms.registry import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES, ensure_builtins
+from searchr1.algorithms.registry import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES
 
-ensure_builtins()
 SETTINGS = settings(
     max_examples=30, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
 )  # derandomize: the same examples on every run (seeded, reproducible in CI)

@@ -5,7 +5,17 @@ from __future__ import annotations
 import pytest
 from tinymodel import train_tokenizer
 
-from searchr1.data.prompts import TAGS, build_prompt, normalize_question, prompt_messages
+from searchr1.config import load_config
+from searchr1.data.formats import Sample
+from searchr1.data.prompts import (
+    TAGS,
+    build_prompt,
+    describe_template,
+    load_template,
+    normalize_question,
+    prompt_messages,
+    resolve_template,
+)
 
 
 @pytest.fixture(scope="module")
@@ -54,25 +64,65 @@ def test_one_shot_template_puts_the_instruction_in_the_system_message(tok):
     assert p.endswith("<|im_start|>user\nWho founded Berak Institute?<|im_end|>\n<|im_start|>assistant\n")
 
 
-def test_the_worked_example_names_nothing_a_synthetic_world_can_contain():
-    from searchr1.data.prompts import EXAMPLE_TRAJECTORY
+def test_the_worked_examples_name_nothing_a_synthetic_world_can_contain():
+    from searchr1.data.prompts import EXAMPLE_TRAJECTORY, TWO_HOP_TRAJECTORY
     from searchr1.data.synth import SynthConfig, generate_world
 
-    for seed in range(4):
+    names = {
+        EXAMPLE_TRAJECTORY: ("Pim", "Aldera", "Tarsk"),
+        TWO_HOP_TRAJECTORY: ("Ulmera", "Edda", "Ostin", "Orvale"),
+    }
+    for seed in range(6):
         world = generate_world(SynthConfig(seed=seed, num_entities=300))
-        text = " ".join(row["contents"] for row in world.corpus)
-        for name in ("Pim", "Aldera", "Tarsk"):
-            assert name in EXAMPLE_TRAJECTORY and name not in text
+        text = " ".join(row["contents"] + " " + row.get("title", "") for row in world.corpus)
+        for trajectory, words in names.items():
+            for name in words:
+                assert name in trajectory and name not in text
+
+
+def test_two_shot_template_adds_a_two_search_example_before_the_question(tok):
+    from searchr1.rewards import check_format
+
+    p = build_prompt("Who founded Berak Institute", "instruct_2shot", tok)
+    first, second = p.index("<answer> Tarsk </answer>"), p.index("<answer> 1838 </answer>")
+    assert first < second < p.index("Who founded Berak Institute?")
+    assert (
+        p.count("<search> Edda Ostin </search>") == 1 and p.count("<search>") == 4
+    )  # 1 + 2, and the instruction's
+    from searchr1.data.prompts import TWO_HOP_TRAJECTORY
+
+    assert check_format(TWO_HOP_TRAJECTORY).valid  # the example is what the structure reward asks for
 
 
 def test_chat_message_file_template(tmp_path, tok):
     path = tmp_path / "p.json"
-    path.write_text('[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Q: {question}"}]')
+    path.write_text(
+        '[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Q: {question}"}]'
+    )
     assert prompt_messages("who", str(path)) == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Q: who?"},
     ]
-    assert build_prompt("who", str(path), tok).endswith("<|im_start|>user\nQ: who?<|im_end|>\n<|im_start|>assistant\n")
+    assert build_prompt("who", str(path), tok).endswith(
+        "<|im_start|>user\nQ: who?<|im_end|>\n<|im_start|>assistant\n"
+    )
     path.write_text("[not json")
     with pytest.raises(ValueError, match="not valid json"):
         build_prompt("q", str(path), tok)
+
+
+def test_auto_is_the_chat_template_when_the_tokenizer_has_one_else_base(tok):
+    assert load_config().data.template == "auto"  # the default of data.template and --template
+    plain = train_tokenizer(["Where was Alice Verdan born?"] * 20, vocab_size=300)
+    plain.chat_template = None
+    assert resolve_template("auto", tok) == "instruct" and resolve_template("auto", plain) == "base"
+    assert resolve_template("instruct_1shot", plain) == "instruct_1shot"  # asked for: kept
+    assert build_prompt("q", "auto", tok) == build_prompt("q", "instruct", tok)
+    assert build_prompt("q", "auto", plain) == build_prompt("q", "base")
+    sample = Sample(id="1", question="q", golden_answers=["a"])
+    assert sample.prompt("auto", tok) == build_prompt("q", "instruct", tok)
+    assert describe_template("auto", "instruct") == "instruct (auto: the model has a chat template)"
+    assert describe_template("auto", "base") == "base (auto: the model has no chat template)"
+    assert describe_template("base", "base") == "base"
+    with pytest.raises(ValueError, match="resolve_template"):
+        load_template("auto")

@@ -283,7 +283,7 @@ def test_agent_api_shows_searches_and_hits(tiny_model_dir, world_files):
     assert searches[0].hits[0]["title"] == "Ivo Marsk"
     streamed = "".join(e.text for e in events if e.kind == "text")
     generated = [seg["text"] for seg in result.record["segments"] if seg["role"] == "generated"]
-    assert streamed == "".join(g[: g.rindex("<")] for g in generated), "each turn up to its closing tag"
+    assert streamed == "".join(generated), "every generated token is streamed, closing tags included"
     assert events[-1].text == WORLD[2][4]
     # the same story replayed from the finished trajectory
     replay = [e.kind for e in result.events()]
@@ -407,3 +407,15 @@ def test_eval_on_a_merged_parquet_reports_each_source(tiny_model_dir, world_file
     assert {k: v["n"] for k, v in summary["sources"].items()} == {"synth": 3, "nq": 3}
     records = [json.loads(x) for x in (out / "direct" / "trajectories.jsonl").read_text().splitlines()]
     assert sorted(r["data_source"] for r in records) == ["nq"] * 3 + ["synth"] * 3
+
+
+def test_the_template_is_the_models_chat_template_by_default_and_is_printed(
+    tiny_model_dir, world_files, tmp_path, capsys
+):
+    argv = ["eval", "--model", tiny_model_dir, "--data", world_files["nq"], "--mode", "direct",
+            "--limit", "1", *TINY_LIMITS]  # fmt: skip
+    code, stdout, err = run_cli([*argv, "--out", tmp_path / "auto"], capsys)
+    assert code == 0 and "template: instruct (auto: the model has a chat template)" in err
+    assert "template: instruct" in stdout
+    code, _, err = run_cli([*argv, "--out", tmp_path / "base", "--template", "base"], capsys)
+    assert code == 0 and "template: base\n" in err

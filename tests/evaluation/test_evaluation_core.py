@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from evalworld import WORLD
+from scripted_turns import FREE, ScriptedTurns
 
 from searchr1.data.prompts import (
     ANSWER_CLOSE,
@@ -34,7 +35,7 @@ from searchr1.retrieval.base import SearchError
 from searchr1.retrieval.bm25 import BM25Retriever
 from searchr1.rollout.config import RolloutConfig
 from searchr1.rollout.single_turn import SingleTurnEngine
-from searchr1.rollout.steer import FREE, ScriptedTurns, SteerRow
+from searchr1.rollout.steer import SteerRow
 
 
 class ScriptBySample(ScriptedTurns):
@@ -110,10 +111,12 @@ def retriever(world_files):
 
 
 def agent_engine(tiny, retriever):
-    from searchr1.rollout.engine import HFRolloutEngine
+    from searchr1.rollout.hf import HFRolloutEngine
 
     model, tok = tiny
-    cfg = RolloutConfig(max_turns=2, max_turn_tokens=32, max_obs_tokens=48, max_response_tokens=256, dtype="model")
+    cfg = RolloutConfig(
+        max_turns=2, max_turn_tokens=32, max_obs_tokens=48, max_response_tokens=256, dtype="model"
+    )
     return HFRolloutEngine(
         model, tok, retriever, cfg, topk=2, steer=ScriptBySample(tok)
     )  # fresh per engine: plans are cached
@@ -457,3 +460,23 @@ def test_bad_input_is_one_line_naming_it(tiny, samples):
     broken = [dict(samples[0]), {k: v for k, v in samples[1].items() if k != "golden_answers"}]
     with pytest.raises(EvaluationError, match=r"^sample 1 \(id synth_1\): no golden_answers"):
         evaluate(engine, broken, tokenizer=tok, mode="direct")
+
+
+def test_progress_is_shown_while_a_batch_decodes(tiny, retriever, samples):
+    """The eval monitor hears the engine's tokens (``on_tokens``), never its logits."""
+    import io
+
+    from searchr1.evaluation.progress import Monitor
+
+    stream = io.StringIO()
+    monitor = Monitor(stream=stream, interval_s=0.0)
+    monitor.start("agent", 0, len(samples))
+    evaluate(
+        agent_engine(tiny, retriever), samples, tokenizer=tiny[1], mode="agent", batch_size=3,
+        on_tokens=monitor.on_tokens, on_batch=monitor.batch,
+    )  # fmt: skip
+    lines = stream.getvalue().splitlines()
+    beats = [line for line in lines if "decoding" in line]
+    assert monitor.steps > 0 and len(beats) == monitor.steps  # interval 0: a line per decoding step
+    assert "[eval agent] 0/6 questions | decoding 3 rows, step 1" in beats[0]
+    assert lines[-1].startswith("[eval agent] 6/6 questions")

@@ -102,7 +102,7 @@ def test_build_retriever_by_name(corpus_file, docs, cross_encoder_dir, tmp_path)
         dataclasses.replace(cfg, backend="rerank", rerank_model=cross_encoder_dir, candidates=5)
     )
     assert len(rerank.search(["river"], 2)[0]) == 2
-    with pytest.raises(ValueError, match="unknown backend"):
+    with pytest.raises(ValueError, match=r"retrieval\.backend: unknown search backend 'nope'; known: .*bm25"):
         build_retriever(dataclasses.replace(cfg, backend="nope"))
     with pytest.raises(ValueError, match="rerank_model"):
         build_retriever(dataclasses.replace(cfg, backend="rerank"))

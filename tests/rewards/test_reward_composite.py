@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from tinymodel import train_tokenizer
 
+from searchr1.config import load_config
 from searchr1.data.prompts import SEARCH_R1_INSTRUCTION, format_observation_docs, wrap_information
 from searchr1.retrieval.base import Hit
 from searchr1.rewards import REWARD_COMPONENTS, RewardConfig, build_reward, context_from_text
@@ -159,8 +160,10 @@ def test_user_reward_function(tmp_path, monkeypatch):
 
 
 def test_config_errors_name_the_key():
-    with pytest.raises(ValueError, match=r"reward\.components\.exact_mach: unknown reward component"):
-        RewardConfig.from_simple({"exact_mach": 1.0})
+    with pytest.raises(
+        ValueError, match=r"reward\.components: unknown reward component 'exact_mach'; known: .*exact_match"
+    ):
+        load_config(overrides=["reward.components={exact_mach: 1.0}"])
     with pytest.raises(ValueError, match=r"reward\.answer_metric"):
         RewardConfig(answer_metric="bleu").validate(None)
     with pytest.raises(ValueError, match=r"reward\.judge_url"):

@@ -4,15 +4,15 @@
 from __future__ import annotations
 
 import pytest
+from scripted_turns import ScriptedTurns
 
 from searchr1.data.prompts import format_observation_docs, wrap_information
 from searchr1.retrieval.bm25 import BM25Retriever
 from searchr1.retrieval.corpus import Document
 from searchr1.rollout.config import RolloutConfig
-from searchr1.rollout.engine import HFRolloutEngine
 from searchr1.rollout.episode import SEARCH_FAILED_TEXT
+from searchr1.rollout.hf import HFRolloutEngine
 from searchr1.rollout.sampling import SamplingParams
-from searchr1.rollout.steer import ScriptedTurns
 from searchr1.rollout.types import Role
 
 DOCS = [

@@ -8,14 +8,14 @@ import random
 import pytest
 import torch
 from rollout_doubles import ScriptedRetriever
+from scripted_turns import ScriptedTurns, make_script
 
 from searchr1.data.prompts import INVALID_ACTION_MESSAGE, wrap_information
 from searchr1.retrieval.base import SearchError
 from searchr1.rollout.config import RolloutConfig
-from searchr1.rollout.engine import HFRolloutEngine, TurnSyncRolloutEngine, expand_groups, rollout_metrics
 from searchr1.rollout.episode import SEARCH_FAILED_TEXT
+from searchr1.rollout.hf import HFRolloutEngine, TurnSyncRolloutEngine
 from searchr1.rollout.sampling import SamplingParams
-from searchr1.rollout.steer import ScriptedTurns, make_script
 from searchr1.rollout.types import Role
 
 QUESTIONS = [
@@ -86,6 +86,26 @@ def test_scripted_turns_searches_and_roles(tiny, cls):
     # the backend saw exactly the queries the trajectories record
     seen = sorted(q for call in retriever.calls for q in call)
     assert seen == sorted(q for t in trajs for q in t.queries)
+
+
+@pytest.mark.parametrize("cls", [HFRolloutEngine, TurnSyncRolloutEngine])
+def test_the_token_listener_hears_every_generated_token_by_row_and_turn(tiny, cls):
+    _, tok = tiny
+    metas = scripted_metas(3, seed=2)
+    heard: list[list] = []
+    with engine(cls, tiny) as eng:
+        trajs = eng.generate(
+            prompts_of(tok, 3), metas, sampling=SamplingParams(), seed=4, on_tokens=heard.append
+        )
+        again = eng.generate(prompts_of(tok, 3), metas, sampling=SamplingParams(), seed=4)
+    assert [t.response_ids for t in again] == [t.response_ids for t in trajs], "listening changes nothing"
+    assert all(len({new.row for new in step}) == len(step) for step in heard), "one token per row and step"
+    for row, traj in enumerate(trajs):
+        mine = [new for step in heard for new in step if new.row == row]
+        generated = [i for i, r in zip(traj.response_ids, traj.roles, strict=True) if r == Role.GENERATED]
+        assert [new.token for new in mine] == generated
+        turns = [new.turn for new in mine]
+        assert turns == sorted(turns) and turns[0] == 0 and turns[-1] == traj.turns - 1
 
 
 def test_loss_mask_never_covers_prompt_or_observations(tiny):
@@ -208,7 +228,6 @@ def test_search_failure_becomes_an_observation(tiny, cls):
         assert [ids for role, ids in segments(t) if role == Role.OBSERVATION] == [failed, failed]
         assert t.documents == [[], []]
         assert "backend down" in t.meta["search_errors"][0] and "2 attempts" in t.meta["search_errors"][0]
-    assert rollout_metrics(trajs)["rollout/search_failure_rate"] == 1.0
 
 
 def test_search_retry_then_success_and_timeout(tiny):
@@ -308,7 +327,9 @@ def test_unsteered_sampling_respects_top_k_1(tiny):
     """top_k=1 sampling is greedy decoding."""
     _, tok = tiny
     model = tiny[0]
-    eng = HFRolloutEngine(model, tok, ScriptedRetriever(), RolloutConfig(max_turn_tokens=12, max_turns=1, dtype="model"))
+    eng = HFRolloutEngine(
+        model, tok, ScriptedRetriever(), RolloutConfig(max_turn_tokens=12, max_turns=1, dtype="model")
+    )
     with eng:
         a = eng.generate(prompts_of(tok, 2), sampling=SamplingParams(top_k=1), seed=0)
         b = eng.generate(prompts_of(tok, 2), sampling=SamplingParams.greedy_eval(), seed=1)
@@ -353,27 +374,6 @@ def test_logprobs_are_taken_at_the_sampling_temperature(tiny):
         if r == Role.GENERATED
     ]
     assert max(abs(logp[p + i - 1, tok_id].item() - lp) for i, tok_id, lp in gen) < 1e-3
-
-
-def test_expand_groups_and_metrics(tiny):
-    ids, metas = expand_groups([[1, 2], [3]], [{"q": "a"}, {"q": "b"}], n=3)
-    assert ids == [[1, 2]] * 3 + [[3]] * 3
-    assert [(m["q"], m["group"], m["sample"]) for m in metas] == [
-        ("a", 0, 0),
-        ("a", 0, 1),
-        ("a", 0, 2),
-        ("b", 1, 0),
-        ("b", 1, 1),
-        ("b", 1, 2),
-    ]
-    _, tok = tiny
-    with engine(HFRolloutEngine, tiny) as eng:
-        trajs = eng.generate(
-            prompts_of(tok, 2), scripted_metas(2, searches=(1, 1)), sampling=SamplingParams()
-        )
-    m = rollout_metrics(trajs)
-    assert m["rollout/searches_mean"] == 1.0 and m["rollout/turns_mean"] == 2.0
-    assert m["rollout/finish_answer_frac"] == 1.0
 
 
 def test_train_mode_is_restored(tiny):

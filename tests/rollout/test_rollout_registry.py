@@ -15,10 +15,10 @@ from searchr1.rollout.registry import build_engine, register_engine
 
 
 def test_builtins_are_registered_by_name():
-    assert {"hf", "turn_sync", "single_turn"} <= set(registry.engine_names())
-    with pytest.raises(ValueError, match=r"rollout\.engine: unknown engine 'vllm2'; registered: .*hf"):
-        registry.get_engine("vllm2")
-    with pytest.raises(ConfigError, match=r"rollout\.engine: unknown engine 'vllm2'.*turn_sync"):
+    assert {"hf", "turn_sync", "single_turn"} <= set(registry.ENGINES.names())
+    with pytest.raises(ValueError, match=r"rollout\.engine: unknown rollout engine 'vllm2'; known: .*hf"):
+        registry.ENGINES.lookup("vllm2")
+    with pytest.raises(ConfigError, match=r"rollout\.engine: unknown rollout engine 'vllm2'.*turn_sync"):
         load_config(overrides=["rollout.engine=vllm2"])
 
 
@@ -37,7 +37,7 @@ def test_a_user_engine_is_selected_by_config():
         with pytest.raises(ValueError, match="already registered"):
             register_engine("test_echo")(lambda *a, **k: None)
     finally:
-        registry.ENGINES.pop("test_echo")
+        registry.ENGINES.remove("test_echo")
 
 
 def test_builtin_factories_build_their_engines(tiny):

@@ -48,9 +48,9 @@ def run(rank: int, world: int, model_dir: str, out: str, port: int, strategy: st
     from searchr1.algorithms.advantages import compute_advantages
     from searchr1.algorithms.config import AlgorithmConfig
     from searchr1.models import load_model
-    from searchr1.trainer import adapters
     from searchr1.trainer.distributed import full_state_dict, init_distributed, wrap_model
     from searchr1.trainer.experience import build_experience, gather_experience
+    from searchr1.trainer.policy import PolicyLogprobs
     from searchr1.trainer.update import UpdateSettings, run_update
 
     device = torch.device("cpu")
@@ -63,17 +63,17 @@ def run(rank: int, world: int, model_dir: str, out: str, port: int, strategy: st
     rows = [i for i, gid in enumerate(groups) if rank * per_rank <= gid < (rank + 1) * per_rank]
     exp = build_experience([trajs[i] for i in rows], [scores[i] for i in rows], [groups[i] for i in rows], 0)
     with torch.no_grad():
-        exp.old_logprobs, _ = adapters.PolicyLogprobs(model)(
+        exp.old_logprobs, _ = PolicyLogprobs(model)(
             exp.input_ids, exp.attention_mask, target_mask=exp.train_mask
         )
-        exp.ref_logprobs, _ = adapters.PolicyLogprobs(reference)(
+        exp.ref_logprobs, _ = PolicyLogprobs(reference)(
             exp.input_ids, exp.attention_mask, target_mask=exp.train_mask
         )
     exp = gather_experience(exp, info)
     exp.advantages, exp.returns = compute_advantages(
         exp.scores, exp.train_mask, algo, group_ids=exp.group_ids
     )
-    actor = wrap_model(adapters.PolicyLogprobs(model), info, strategy, device)
+    actor = wrap_model(PolicyLogprobs(model), info, strategy, device)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
     settings = UpdateSettings(ppo_epochs=2, num_mini_batches=2, micro_batch_size=2, micro_batch_tokens=0,
                               grad_clip=1.0, temperature=1.0, update_actor=True, update_critic=False, seed=3)  # fmt: skip

@@ -5,20 +5,21 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from tinymodel import tiny_config
-from torch import nn
-
-from searchr1.trainer.batching import (
+from batching import (
     make_micro_batches,
     padding_stats,
     plan_packs,
     scatter_to_samples,
     trajectory_sample,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from naive_logprobs import naive_token_logprobs
+from tinymodel import tiny_config
+from torch import nn
+
 from searchr1.trainer.experience import micro_batches
-from searchr1.trainer.logprobs import naive_token_logprobs, token_logprobs
+from searchr1.trainer.logprobs import token_logprobs
 
 VOCAB = 211
 TOL = {"atol": 1e-5, "rtol": 1e-5}

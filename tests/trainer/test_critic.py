@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from batching import make_micro_batches, scatter_to_samples
 from tinymodel import tiny_config
 from torch import nn
 
-from searchr1.trainer.batching import make_micro_batches, scatter_to_samples
 from searchr1.trainer.critic import VALUE_HEAD_FILE, ValueModel
 
 VOCAB = 157

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from naive_logprobs import naive_token_logprobs
 from tinymodel import tiny_config
 from torch import nn
 
 from searchr1.trainer.logprobs import (
     chunked_head_logprobs,
     decoder_of,
-    naive_token_logprobs,
     token_logprobs,
     valid_target_mask,
 )

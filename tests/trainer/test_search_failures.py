@@ -60,12 +60,13 @@ def backends():
         made["flaky"] = FailEveryOther(cfg.corpus)
         return made["flaky"]
 
-    RETRIEVERS["test_fail_every_other"] = flaky
-    RETRIEVERS["test_hanging"] = lambda cfg: Hanging()
+    RETRIEVERS.add("test_fail_every_other", flaky)
+    RETRIEVERS.add("test_hanging", lambda cfg: Hanging())
     Hanging.release.clear()
     yield made
     Hanging.release.set()  # let the hung worker threads finish
-    del RETRIEVERS["test_fail_every_other"], RETRIEVERS["test_hanging"]
+    RETRIEVERS.remove("test_fail_every_other")
+    RETRIEVERS.remove("test_hanging")
 
 
 @pytest.fixture(scope="module")
@@ -77,12 +78,12 @@ def world(tmp_path_factory):
 def force_search(monkeypatch):
     """Every rollout engine the trainer builds searches once per trajectory."""
     from searchr1.rollout.registry import build_engine
-    from searchr1.trainer import adapters
+    from searchr1.trainer import loop
 
-    def make_engine(cfg, model, tokenizer, retriever):
+    def forced(cfg, model, tokenizer, retriever):
         return build_engine(cfg, model, tokenizer, retriever, steer=rlworld.ForceSearch(tokenizer))
 
-    monkeypatch.setattr(adapters, "make_engine", make_engine)
+    monkeypatch.setattr(loop, "build_engine", forced)
 
 
 # -- the rule ---------------------------------------------------------------------------------------

@@ -109,8 +109,8 @@ def test_lora_reference_is_the_base_model(world, tiny_model_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from searchr1.models import load_model
-    from searchr1.trainer.adapters import PolicyLogprobs
     from searchr1.trainer.experience import build_experience
+    from searchr1.trainer.policy import PolicyLogprobs
 
     merged = AutoModelForCausalLM.from_pretrained(summary["checkpoint"] + "/model")
     base = load_model(tiny_model_dir)

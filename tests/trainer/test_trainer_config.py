@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 
 from searchr1.cli import main
-from searchr1.config import ConfigError, load_config
-from searchr1.trainer.configs import shipped_configs
+from searchr1.config import ConfigError, load_config, shipped_configs
 from searchr1.trainer.schedule import PromptSampler, lr_multiplier
 
 

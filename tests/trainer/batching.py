@@ -1,4 +1,8 @@
-"""Micro-batches of variable-length sequences that waste little on padding.
+"""Micro-batches of variable-length sequences that waste little on padding: the three ways compared.
+
+(Test-only: the trainer cuts its micro-batches with ``searchr1.trainer.experience.micro_batches``, the
+``bucket`` way below; ``pack`` and ``pad`` are kept here to test the log-prob paths of packed rows and
+to compare padding.)
 
 A mini-batch of trajectories has long-tailed lengths (a 150-token answer next to a 1,500-token
 multi-search episode). Padding all of them to the longest one spends most of the forward and
@@ -35,6 +39,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 import torch
+
+from searchr1.trainer.experience import longest_first, plan_buckets
 
 Mode = Literal["bucket", "pack", "pad"]
 MODES: tuple[str, ...] = get_args(Mode)
@@ -150,23 +156,6 @@ def _as_samples(samples: Sequence[Mapping[str, Any]]) -> list[_Sample]:
         if set(s.fields) != keys:
             raise ValueError(f"sample {i}: fields {sorted(s.fields)} differ from sample 0's {sorted(keys)}")
     return out
-
-
-def longest_first(lengths: Sequence[int]) -> list[int]:
-    """Sample indices by decreasing length, ties in index order."""
-    return sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-
-
-def plan_buckets(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
-    """Groups of sample indices, longest first, with ``len(group) * max_length(group) <= max_tokens``
-    (a sequence longer than ``max_tokens`` is alone)."""
-    groups: list[list[int]] = []
-    for i in longest_first(lengths):
-        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= max_tokens:
-            groups[-1].append(i)
-        else:
-            groups.append([i])
-    return groups
 
 
 def plan_packs(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:

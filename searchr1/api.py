@@ -24,14 +24,9 @@ from typing import Any
 
 import yaml
 
-from searchr1.algorithms.presets import ALGORITHM_PRESETS, KNOWN_ALGORITHMS, preset_overrides
-from searchr1.config import load_config
+from searchr1.algorithms.presets import preset_overrides
+from searchr1.config import load_config, resolve_config_path
 from searchr1.rewards.config import RewardConfig
-from searchr1.trainer.configs import resolve_config_path
-
-__all__ = ["ALGORITHM_PRESETS", "KNOWN_ALGORITHMS", "SearchR1Trainer"]
-
-LOCAL_BACKENDS = ("bm25", "dense", "hybrid", "rerank")
 
 
 def _override(key: str, value: Any) -> str:
@@ -156,13 +151,18 @@ class SearchR1Trainer:
     def tokenizer(self) -> Any:
         return None if self.trainer is None else self.trainer.tokenizer
 
-    def save(self, folder: str | Path) -> Path:
-        """Write the policy as a Hugging Face folder (LoRA merged in) that ``from_pretrained`` loads."""
+    def save(self, folder: str | Path, best: bool = False) -> Path:
+        """Write the policy as a Hugging Face folder (LoRA merged in) that ``from_pretrained`` loads;
+        with ``best``, the policy of the best validation EM kept by ``trainer.keep_best=val_em``."""
         if self.trainer is None:
             raise RuntimeError("train() first")
         from searchr1.trainer.components import save_policy  # torch
 
         out = Path(folder)
+        if best:
+            from searchr1.trainer.checkpoint import export_policy
+
+            return export_policy(self.trainer.out_dir, out / "model", best=True)[0]
         out.mkdir(parents=True, exist_ok=True)
         save_policy(self.trainer.policy, self.trainer.tokenizer, out, lora=self.trainer.lora)
         return out / "model"

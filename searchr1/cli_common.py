@@ -1,0 +1,277 @@
+"""What several commands share: the configuration flags (``--config``, ``--set``, ``--plugin``), one set
+of search-backend flags for every command that searches (``search``, ``serve``, ``eval``, ``ask``), the
+model flags of ``eval`` and ``ask``, the checks that run before any work, and a ``--help`` that lists
+the registered names (plugins included).
+
+    add_config_flags(parser, ...)    --config FILE, --set KEY=VALUE, --plugin MODULE
+    add_search_flags(parser)         --index, --corpus, --search-url, --backend, --encoder, --topk
+    add_model_flags(parser)          --model, --template, --dtype, --device, --max-turns, --max-turn-tokens
+    command_config(args, ...)        the config of a command: file, flags, --set, plugins imported first
+    help_lists_names(parser, keys)   -h / --help also prints what each key may name
+
+Light: nothing heavy is imported until a command runs. Every problem is one line naming the flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from searchr1.config import ConfigError, load_config
+from searchr1.data.prompts import AUTO, describe_template, resolve_template
+from searchr1.errors import ModelNotFoundError, UserFacingError
+from searchr1.plugins import PluginError, import_plugins, names_overview
+from searchr1.retrieval.corpus import CorpusError
+from searchr1.retrieval.factory import build_retriever
+
+
+def add_plugin_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import a module (or .py file) that registers rewards, algorithms, search backends or rollout "
+        "engines before the config is checked; repeatable (the config's `plugins:` list does the same)",
+    )
+
+
+def add_config_flags(parser: argparse.ArgumentParser, sections: str) -> None:
+    """``--config``, ``--set KEY=VALUE`` and ``--plugin`` (``sections``: which parts of the config apply)."""
+    parser.add_argument("--config", default=None, help=f"YAML config (its {sections} sections are used)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override, e.g. retrieval.topk=5 (repeatable)",
+    )
+    add_plugin_flag(parser)
+
+
+def add_search_flags(parser: argparse.ArgumentParser) -> None:
+    """The search backend, the same for every command: where to search, which backend, how many hits."""
+    g = parser.add_argument_group("search backend (or the config's `retrieval` section)")
+    g.add_argument("--index", default=None, help="index folder (from `searchr1 index build`)")
+    g.add_argument(
+        "--corpus",
+        default=None,
+        help="corpus jsonl: searched in memory (bm25) without --index; with --index, checked against its manifest",
+    )
+    g.add_argument(
+        "--search-url", default=None, metavar="URL", help="retrieval server URL(s), comma-separated"
+    )
+    g.add_argument("--url", dest="search_url", help=argparse.SUPPRESS)  # `search --url`, the former name
+    g.add_argument(
+        "--backend",
+        default=None,
+        metavar="NAME",
+        help="search backend by registered name, listed below (default: the index's own, http with "
+        "--search-url, bm25 with --corpus)",
+    )
+    g.add_argument(
+        "--encoder", default=None, metavar="MODEL", help="dense encoder (default: the dense index's own)"
+    )
+    g.add_argument(
+        "--topk", type=int, default=None, help="documents per search (default: retrieval.topk = 3)"
+    )
+
+
+def has_search_flags(args: argparse.Namespace) -> bool:
+    """Whether a search backend was named on the command line."""
+    return bool(args.index or args.corpus or args.search_url or args.backend)
+
+
+def check_search_flags(args: argparse.Namespace) -> None:
+    """Before any work: the index folder holds a manifest, the corpus is a readable file, one source."""
+    if args.search_url and (args.index or args.corpus):
+        raise UserFacingError("--search-url searches a server: give it without --index / --corpus")
+    if args.index:
+        p = Path(args.index).expanduser()
+        if not p.is_dir():
+            raise UserFacingError(f"--index {args.index}: index folder not found")
+        from searchr1.retrieval.index import IndexLoadError, Manifest
+
+        try:
+            Manifest.read(p)
+        except (IndexLoadError, OSError, ValueError) as exc:
+            raise UserFacingError(f"--index {args.index}: {exc}") from None
+    if args.corpus:
+        check_readable_file(args.corpus, "--corpus")
+
+
+def search_overrides(args: argparse.Namespace) -> list[str]:
+    """The search flags as dotted overrides of the ``retrieval`` section (checked first)."""
+    check_search_flags(args)
+    out: list[str] = []
+    backend = args.backend
+    if args.index:
+        from searchr1.retrieval.index import Manifest
+
+        out.append(f"retrieval.index={args.index}")
+        backend = backend or Manifest.read(args.index).retriever
+    if args.corpus:
+        out.append(f"retrieval.corpus={args.corpus}")
+    if args.search_url:
+        out.append(f"retrieval.url={args.search_url}")
+        backend = backend or "http"
+    if args.corpus and not backend:
+        backend = "bm25"
+    if backend:
+        out.append(f"retrieval.backend={backend}")
+    if args.encoder:
+        out.append(f"retrieval.dense_model={args.encoder}")
+    if args.topk is not None:
+        out.append(f"retrieval.topk={args.topk}")
+    return out
+
+
+def open_retriever(retrieval: Any) -> Any:
+    """The search backend of a ``retrieval`` section; a problem with it is one line."""
+    try:
+        return build_retriever(retrieval)
+    except (ValueError, OSError, CorpusError) as exc:
+        raise UserFacingError(f"search backend: {exc}") from None
+
+
+# -- eval and ask: the model -----------------------------------------------------------------------
+
+
+def add_model_flags(parser: argparse.ArgumentParser, model_required: bool = True) -> None:
+    """The model and how it generates (``eval`` and ``ask``)."""
+    parser.add_argument(
+        "--model",
+        required=model_required,
+        help="model: a local folder (a checkpoint), a hub id, a .gguf file or an alias (smollm2-135m-instruct)",
+    )
+    parser.add_argument(
+        "--template",
+        default=None,
+        help="prompt template: auto (default: the model's chat template if it has one, else base) | base | "
+        "instruct | instruct_1shot | instruct_2shot | a file with {question}",
+    )
+    parser.add_argument(
+        "--max-turns", type=int, default=None, help="search turns before the answer-only turn (default 4)"
+    )
+    parser.add_argument(
+        "--max-turn-tokens", type=int, default=None, help="tokens per turn at most (default 500)"
+    )
+    parser.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 (default float32)")
+    parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+
+
+def model_overrides(args: argparse.Namespace) -> list[str]:
+    """The model flags that are config keys, as dotted overrides."""
+    out = []
+    for flag, key in (
+        ("max_turns", "rollout.max_turns"),
+        ("max_turn_tokens", "rollout.max_turn_tokens"),
+        ("template", "data.template"),
+    ):
+        if getattr(args, flag) is not None:
+            out.append(f"{key}={getattr(args, flag)}")
+    return out
+
+
+def check_model(model: str) -> None:
+    """A local model folder must hold a readable config.json; any other name must resolve
+    (``searchr1.models.resolve_model``: an alias, a .gguf file, a cached or reachable hub id)."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise UserFacingError(
+                f"--model {model}: no config.json in this folder (not a Hugging Face model folder)"
+            )
+        if not os.access(path / "config.json", os.R_OK):
+            raise UserFacingError(f"--model {model}: config.json is not readable")
+        return
+    from searchr1.models import resolve_model
+
+    try:
+        resolve_model(model)
+    except (ModelNotFoundError, OSError, ValueError) as exc:
+        raise UserFacingError(f"--model {model}: {str(exc).splitlines()[0]}") from None
+
+
+def choose_template(cfg: Any, model: str) -> str:
+    """Resolve ``data.template=auto`` with ``model``'s tokenizer (its chat template, else base) and set it
+    in ``cfg``; returns the line that tells the user which template the command uses."""
+    asked = cfg.data.template
+    if asked == AUTO:
+        from searchr1.models import load_tokenizer
+
+        try:
+            cfg.data.template = resolve_template(asked, load_tokenizer(model))
+        except (OSError, ValueError) as exc:
+            raise UserFacingError(f"--model {model}: its tokenizer cannot be loaded ({exc})") from None
+    return f"template: {describe_template(asked, cfg.data.template)}"
+
+
+def load_policy(args: argparse.Namespace) -> tuple[Any, Any]:
+    """(model in eval mode on ``--device``, tokenizer) of ``--model``."""
+    import torch
+
+    from searchr1.models import load_model, load_tokenizer
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        tokenizer = load_tokenizer(args.model)
+        model = load_model(args.model, dtype=args.dtype, device=device)
+    except (OSError, ValueError) as exc:
+        raise UserFacingError(f"--model {args.model}: cannot be loaded ({exc})") from None
+    model.eval()
+    return model, tokenizer
+
+
+def check_readable_file(path: str, what: str) -> Path:
+    """``path`` as a readable file, else one line naming ``what`` (the flag)."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise UserFacingError(f"{what} {path}: file not found")
+    if not p.is_file():
+        raise UserFacingError(f"{what} {path}: not a file")
+    if not os.access(p, os.R_OK):
+        raise UserFacingError(f"{what} {path}: not readable (permission denied)")
+    return p
+
+
+def command_config(args: argparse.Namespace, overrides: Sequence[str] = ()) -> Any:
+    """The config of a command: ``--config``, the command's own ``overrides``, then ``--set``, with the
+    plugins of the config and of ``--plugin`` imported first; a bad one is one line."""
+    try:
+        return load_config(args.config, [*overrides, *args.set], plugins=args.plugin)
+    except ConfigError as exc:
+        raise UserFacingError(str(exc)) from None
+
+
+class _HelpWithNames(argparse.Action):
+    """``-h`` / ``--help`` that ends with the registered names of some config keys (after importing the
+    ``--plugin`` modules given before it, so that theirs are listed too)."""
+
+    def __init__(self, option_strings: list[str], dest: str, keys: Sequence[str] | None = None, **kw: Any):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kw)
+        self.keys = keys
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option: Any = None):
+        try:
+            import_plugins(getattr(namespace, "plugin", None) or [])
+        except PluginError as exc:
+            parser.error(str(exc))
+        parser.epilog = f"{parser.epilog or ''}\n{names_overview(self.keys)}\n"
+        parser.print_help()
+        parser.exit()
+
+
+def help_lists_names(parser: argparse.ArgumentParser, keys: Sequence[str] | None = None) -> None:
+    """Give ``parser`` (built with ``add_help=False``) a help flag that also lists what ``keys`` (default:
+    every config key that names a registered entry) may name."""
+    parser.add_argument(
+        "-h",
+        "--help",
+        action=_HelpWithNames,
+        keys=keys,
+        help="show this help and the registered names, then exit",
+    )

@@ -117,6 +117,11 @@ class VLLMRolloutEngine(RolloutEngine):
         self.sync = "lora" if self.vcfg.weight_sync == "lora" else "full"
         self.weight_format = "adapter" if self.sync == "lora" else "state_dict"  # type: ignore[misc]
         self.dtype = server_dtype(self.vcfg.dtype)
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise VLLMError(
+                "rollout.engine=vllm runs in one training process for now (each torchrun rank would start or "
+                "reload a server of its own); train in one process (tensor_parallel_size shards the server)"
+            )
         if self.vcfg.sleep_during_update and not torch.cuda.is_available():
             raise VLLMError("rollout.vllm.sleep_during_update needs a GPU (vLLM has no sleep mode on CPU)")
         self.stop = StopDetector(tokenizer, eos_token_ids(tokenizer, model))
@@ -134,7 +139,10 @@ class VLLMRolloutEngine(RolloutEngine):
         )
         self.server = self._server(folder, tokenizer, lora_r, cfg.seed)
         self.client = VLLMClient(self.server, self.vcfg.request_timeout_s, max_connections=self.rows + 4)
-        self.model_name = SERVED_NAME if not self.vcfg.url else self._served_base_name()
+        self.model_name = SERVED_NAME
+        if self.vcfg.url:
+            self.model_name, served_len = self._served_base_model()
+            self.max_context = min(self.max_context, served_len or self.max_context)
         self._weights_dir: Path | None = None
         self._own_weights_dir = False
         self._asleep = False
@@ -142,6 +150,7 @@ class VLLMRolloutEngine(RolloutEngine):
         self._abort = threading.Event()
         self.last_stats: dict[str, float] = {"server_start_s": self.server.started_s}
         self.last_sync: dict[str, float] = {}
+        self._check_generates(folder)
 
     # -- the server -------------------------------------------------------------------------------------
 
@@ -170,8 +179,25 @@ class VLLMRolloutEngine(RolloutEngine):
         )
         return start_server(launch)
 
-    def _served_base_name(self) -> str:
-        """The base model's name on a server given by URL (the first model that is not an adapter)."""
+    def _check_generates(self, folder: str) -> None:
+        """One greedy token at start: a model vLLM loads but cannot run (an unsupported attention shape, say)
+        fails here, in one line with vLLM's reason, instead of in the first rollout; it also pays the first
+        request's set-up cost before any timing."""
+        try:
+            self.client.complete(
+                [int(next(iter(self.stop.eos_ids), 0))],
+                {"model": self.model_name, "max_tokens": 1, "temperature": 0.0},
+            )
+        except VLLMError as exc:
+            self.close()
+            raise VLLMError(
+                f"vLLM loaded {folder} but cannot generate with it ({exc}); rollout.engine=hf generates with "
+                "this project's own engine instead"
+            ) from None
+
+    def _served_base_model(self) -> tuple[str, int]:
+        """The base model's name and context length on a server given by URL (the first model listed that
+        is not an adapter)."""
         try:
             models = self.client.http.get("/v1/models").json()["data"]
         except Exception as exc:
@@ -180,7 +206,7 @@ class VLLMRolloutEngine(RolloutEngine):
             ) from None
         for m in models:
             if not m.get("parent"):
-                return str(m["id"])
+                return str(m["id"]), int(m.get("max_model_len") or 0)
         raise VLLMError(f"rollout.vllm.url {self.server.url}: the server lists no base model")
 
     def close(self) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from searchr1.rollout.vllm_server import VLLMError, VLLMServer
+from searchr1.rollout.vllm_server import VLLMError, VLLMServer, failure_reason
 
 
 @dataclass(frozen=True)
@@ -59,9 +59,10 @@ class VLLMClient:
         except httpx.HTTPError as exc:
             raise self._gone(what, exc) from None
         if response.status_code != 200:
-            raise VLLMError(
-                f"the vLLM server refused {what} (HTTP {response.status_code}): {_detail(response)}"
-            )
+            detail = _detail(response)
+            if response.status_code >= 500 and self.server.owned:  # the cause is in the server's log
+                detail = f"{detail}; its log says {failure_reason(self.server.log_tail())}"
+            raise VLLMError(f"the vLLM server failed {what} (HTTP {response.status_code}: {detail})")
         return response
 
     def _gone(self, what: str, exc: Exception) -> VLLMError:

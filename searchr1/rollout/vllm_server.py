@@ -204,16 +204,34 @@ def free_port() -> int:
 # -- the server ---------------------------------------------------------------------------------------
 
 
-_REASON = re.compile(r"^\s*(?:[\w.]+\.)?(\w*(?:Error|Exception|Exit)\w*):\s*(.+)$")
+_LOG_PREFIX = re.compile(r"^(?:\(\w+ pid=\d+\)\s*)?(?:[A-Z]+\s+[\d-]+\s+[\d:.]+\s+\[[^\]]*\]\s*)?")
+"""vLLM's log prefix: ``(Worker pid=12) ERROR 11-25 16:24:09 [file.py:10] ``."""
+_REASON = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception|Exit)\w*):\s*(.+)$")
+_WRAPPERS = (
+    "root cause",
+    "stack trace",
+    "EngineDeadError",
+    "initialization failed",
+    "Engine Exception caught",
+)
+"""Exception lines that only say that another one happened (the one wanted is before them)."""
 
 
 def failure_reason(log_text: str) -> str:
-    """The line of a server log that says why it stopped: the last exception line, else the last line."""
-    lines = [ln.strip() for ln in log_text.splitlines() if ln.strip()]
-    for line in reversed(lines):
+    """The line of a server log that says why it failed: the last exception line that is not a wrapper
+    pointing at an earlier one (else the last exception line, else the last line), without vLLM's prefix."""
+    lines = [_LOG_PREFIX.sub("", ln).strip() for ln in log_text.splitlines()]
+    lines = [ln for ln in lines if ln]
+    found = []
+    for line in lines:
         m = _REASON.match(line)
-        if m and "Traceback" not in line:
-            return f"{m.group(1)}: {m.group(2)}"[:400]
+        if m:
+            found.append(f"{m.group(1)}: {m.group(2)}"[:400])
+    specific = [r for r in found if not any(w in r for w in _WRAPPERS)]
+    if specific:
+        return specific[-1]
+    if found:
+        return found[-1]
     return lines[-1][:400] if lines else "no output"
 
 

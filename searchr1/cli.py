@@ -24,7 +24,7 @@ from searchr1.errors import UserFacingError
 # Modules exposing ``register(subparsers)``; heavy imports happen inside their handlers so that
 # ``searchr1 --help`` stays fast.
 COMMAND_MODULES = [
-    "searchr1.demo",
+    "searchr1.demo.cli",
     "searchr1.retrieval.cli",
     "searchr1.data.cli",
     "searchr1.trainer.cli",

@@ -17,6 +17,7 @@ def test_every_row_is_a_valid_config_of_the_same_work(row, tmp_path):
     assert cfg.model.path == "smollm2-135m-instruct" and cfg.data.template == "instruct_1shot"
     fast = row != "baseline"
     assert cfg.rollout.fast_decode is fast and cfg.trainer.on_policy_logprobs is fast
+    assert cfg.trainer.fused_update is fast and cfg.trainer.adaptive_threads is fast
     assert (cfg.model.lora_r > 0) is (row in ("fast", "fast+kl", "vllm", "vllm-lora"))
     assert (cfg.rollout.engine == "vllm") is row.startswith("vllm")
     assert cfg.algorithm.use_kl_loss is (row in ("baseline", "fast+kl"))
@@ -24,10 +25,12 @@ def test_every_row_is_a_valid_config_of_the_same_work(row, tmp_path):
 
 def test_compute_counter_counts_shared_prefix_once_and_splits_by_grad_mode(tiny_model_dir, monkeypatch):
     from searchr1.models import load_model
-    from searchr1.trainer import logprobs
+    from searchr1.trainer import fused_decoder, logprobs
 
     monkeypatch.setattr(logprobs, "final_hidden_states", logprobs.final_hidden_states)
-    monkeypatch.setattr(logprobs, "chunked_head_logprobs", logprobs.chunked_head_logprobs)
+    monkeypatch.setattr(logprobs, "weight_head_logprobs", logprobs.weight_head_logprobs)
+    monkeypatch.setattr(fused_decoder, "weight_head_logprobs", fused_decoder.weight_head_logprobs)
+    monkeypatch.setattr(fused_decoder.FusedDecoder, "hidden", fused_decoder.FusedDecoder.hidden)
     model = load_model(str(tiny_model_dir))
     counter = rl_step.ComputeCounter()
     counter.install()
@@ -41,3 +44,15 @@ def test_compute_counter_counts_shared_prefix_once_and_splits_by_grad_mode(tiny_
     assert counter.counts["update"][0] == 20 + 4 * 4
     counter.reset()
     assert counter.counts == {"update": [0, 0], "logprobs": [0, 0]}
+    # the fused decoder: the prefix once (its own call), then each row's rest; LM-head rows counted once
+    decoder = fused_decoder.FusedDecoder(model)
+    target = torch.zeros_like(ids, dtype=torch.bool)
+    target[:, 22:] = True
+    step = fused_decoder.StepPrefix(decoder, ids[0, :20], torch.float32)
+    fused_decoder.fused_token_logprobs(decoder, ids, mask, target_mask=target, step_prefix=step)
+    assert counter.counts["update"] == [20 + 4 * 4, 4 * 2]
+
+
+def test_rows_use_the_cores_this_process_may_run_on(monkeypatch):
+    monkeypatch.setattr(rl_step.os, "sched_getaffinity", lambda pid: {1})
+    assert rl_step.default_threads() == 1

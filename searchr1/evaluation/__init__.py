@@ -6,9 +6,9 @@ Reading order (follows the data path):
   aggregate.py per-source means of the records (EM, subEM, F1, valid format, searches, ...)
   tables.py    the per-source table, the paper's layout (methods x datasets + avg), two runs compared
   store.py     the files: trajectories.jsonl per batch, summary.json, results.json, table.md
-  progress.py  what ``searchr1 eval`` shows while it runs; search failures as they start
+  progress.py  what ``searchr1 eval`` shows while it runs (the engine's token listener); search failures
   agent.py     ``Agent``: ask a model questions (``searchr1 ask``, ``from searchr1 import Agent``)
-  cli.py       ``searchr1 eval``, ``searchr1 ask``, ``searchr1 report``
+  cli.py       ``searchr1 eval``;  ask_cli.py: ``searchr1 ask`` (``searchr1 report``: ``searchr1.report.cli``)
 
 The answers and scores come from ``searchr1.rewards.text`` (Search-R1's normalisation), each
 trajectory's record from ``searchr1.rollout.records`` (the model's own tokens by the role mask), and

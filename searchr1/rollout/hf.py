@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from searchr1 import threads
 from searchr1.models import copy_weights, generation_copy, is_peft_model
 from searchr1.precision import compute_dtype
 from searchr1.retrieval.base import Retriever
@@ -245,6 +246,7 @@ class HFRolloutEngine(_HFEngineBase):
                 break
             logits = kv.step(feeds)
             steps += 1
+            threads.adapt()  # fewer torch threads while other processes keep cores busy (searchr1.threads)
             stepped = [episodes[slot_episode[s]] for s in sorted(feeds)]  # type: ignore[index]
             tokens, logprobs = self._choose(stepped, logits, sampling, generators)  # type: ignore[arg-type]
             searching: list[Episode] = []

@@ -70,6 +70,14 @@ class TrainerConfig:
     share_prompt_prefix: bool = True
     """Run the prompt tokens that every row of a micro-batch starts with once (a group's prompt, or an
     instruction all prompts share) and let the rows attend to them as a cache; off: every row computes them."""
+    adaptive_threads: bool = True
+    """On a CPU, use fewer torch threads while other processes keep cores busy (re-measured every half second
+    during the rollout and the update; searchr1.threads); off: the thread count stays as set."""
+    fused_update: bool = True
+    """Run the policy's log-prob passes and update of Llama-family models (Llama, Qwen2, Mistral) through
+    searchr1's functional decoder: merged LoRA weights, fused projections, matmul attention, and with
+    `share_prompt_prefix` the prompt prefix of a whole optimizer step computed once. Off, or for other
+    models: the Hugging Face modules."""
     on_policy_logprobs: bool = True
     """When the update is on-policy (one epoch, one mini-batch, no KL in the reward) take the old log-probs
     from the update's own forward pass (detached) instead of a separate pass over the batch."""
@@ -119,10 +127,16 @@ class TrainerConfig:
     """Weights & Biases mode: offline | online | disabled."""
     progress_bar: bool = True
     """Show a progress bar with ETA and the key metrics."""
+    progress_lines: bool = False
+    """With progress_bar: one plain line per step instead of a bar (log files, runs sharing a terminal)."""
+    progress_label: str = "train"
+    """The label of the progress bar or lines."""
     plot_every: int = 0
     """Write PNG plots every N steps (0 = only at the end)."""
     plot_at_end: bool = True
     """Write PNG plots (plots/overview.png, ...) when the run ends."""
+    stop_without_signal: int = 0
+    """Stop (with a checkpoint) after this many steps in a row in which every group's rewards were all equal: a policy that never earns a different reward learns nothing from more of the same (0 = never)."""
     max_nonfinite_in_a_row: int = 5
     """Stop (with a checkpoint) after this many consecutive steps with a non-finite loss or gradient."""
     shuffle: bool = True
@@ -158,6 +172,8 @@ class TrainerConfig:
             raise ValueError("trainer.adam_betas must hold two numbers")
         if self.keep_last < 1:
             raise ValueError("trainer.keep_last must be >= 1")
+        if self.stop_without_signal < 0:
+            raise ValueError("trainer.stop_without_signal must be >= 0")
         if self.max_nonfinite_in_a_row < 1:
             raise ValueError("trainer.max_nonfinite_in_a_row must be >= 1")
         if self.keep_best not in ("none", "val_em"):

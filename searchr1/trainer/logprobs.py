@@ -349,6 +349,96 @@ class _FusedLinearLogprob(torch.autograd.Function):
         )
 
 
+class _ExpectedRowLogprob(torch.autograd.Function):
+    """``(h [N, H], W [V, H], targets [N]) -> (logprob [N], entropy [N])`` for a frozen head, with the
+    backward's work done in the forward pass.
+
+    With ``z = W h / T`` and ``p = softmax(z)``, the gradient of a log-prob is
+    ``d lp / d h = (W[x] - E_p[W]) / T`` where ``E_p[W] = sum_v p_v W_v``: one ``[N, H]`` row of expected
+    embeddings per token. The forward computes it from the probabilities it already holds (one more
+    product, ``p W``), so the backward is ``grad * (W[x] - E) / T``, with no second pass over the
+    ``[N, V]`` logits. The entropy's gradient, rarely wanted (``algorithm.entropy_coef``), takes the
+    recomputing backward of ``_FusedLinearLogprob``.
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        targets: torch.Tensor,
+        temperature: float,
+        chunk_size: int,
+        with_entropy: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx.set_materialize_grads(False)
+        n = hidden.shape[0]
+        logprob = hidden.new_empty(n, dtype=torch.float32)
+        entropy = hidden.new_zeros(n if with_entropy else 0, dtype=torch.float32)
+        lse = hidden.new_empty(n, dtype=torch.float32)
+        expected = hidden.new_empty(hidden.shape, dtype=torch.float32)
+        for s in range(0, n, chunk_size):
+            e = min(s + chunk_size, n)
+            z = _chunk_logits(hidden[s:e], weight, None, temperature)
+            picked = z.gather(1, targets[s:e, None]).squeeze(1)
+            zmax = z.amax(dim=-1, keepdim=True)
+            z.sub_(zmax)  # z' = z - max
+            ez = torch.exp(z)
+            total = ez.sum(-1)
+            if with_entropy:  # H = log total - sum_v e^{z'} z' / total
+                entropy[s:e] = total.log() - torch.linalg.vecdot(ez, z) / total
+            del z
+            expected[s:e] = (ez.to(weight.dtype) @ weight).float().div_(total[:, None])
+            del ez
+            lse[s:e] = zmax.squeeze(1) + total.log()
+            logprob[s:e] = picked - lse[s:e]
+        ctx.save_for_backward(hidden, weight, targets, lse, entropy.clone(), expected)
+        ctx.temperature, ctx.chunk_size = temperature, chunk_size
+        return logprob, entropy
+
+    @staticmethod
+    def backward(ctx: Any, grad_logprob: torch.Tensor | None, grad_entropy: torch.Tensor | None):  # type: ignore[override]
+        hidden, weight, targets, lse, entropy, expected = ctx.saved_tensors
+        if not ctx.needs_input_grad[0] or (grad_logprob is None and grad_entropy is None):
+            return None, None, None, None, None, None
+        if grad_entropy is not None and entropy.numel() > 0:
+            grad_h = _recomputed_grad_hidden(
+                hidden, weight, targets, lse, entropy, ctx.temperature, ctx.chunk_size, grad_logprob, grad_entropy
+            )
+            return grad_h, None, None, None, None, None
+        assert grad_logprob is not None
+        grad_h = (weight[targets].float() - expected).mul_(grad_logprob[:, None] / ctx.temperature)
+        return grad_h.to(hidden.dtype), None, None, None, None, None
+
+
+def _recomputed_grad_hidden(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    lse: torch.Tensor,
+    entropy: torch.Tensor,
+    temperature: float,
+    chunk_size: int,
+    grad_logprob: torch.Tensor | None,
+    grad_entropy: torch.Tensor,
+) -> torch.Tensor:
+    """``dL/dh`` of log-probs and entropies, recomputing each chunk's logits (as ``_FusedLinearLogprob``)."""
+    grad_h = torch.empty_like(hidden)
+    for s in range(0, hidden.shape[0], chunk_size):
+        e = min(s + chunk_size, hidden.shape[0])
+        g = _chunk_logits(hidden[s:e], weight, None, temperature).sub_(lse[s:e, None])  # log p
+        p = torch.exp(g)
+        g.add_(entropy[s:e, None]).mul_(p).mul_(-grad_entropy[s:e, None])  # d ent / d z = -p (log p + ent)
+        if grad_logprob is not None:
+            g.sub_(p.mul_(grad_logprob[s:e, None]))
+            g.scatter_add_(1, targets[s:e, None], grad_logprob[s:e, None].float())
+        del p
+        if temperature != 1.0:
+            g.div_(temperature)
+        grad_h[s:e] = (g.to(hidden.dtype) @ weight).to(hidden.dtype)
+    return grad_h
+
+
 def _chunk_logits(
     h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float
 ) -> torch.Tensor:
@@ -400,10 +490,10 @@ def chunked_head_logprobs(
         empty = hidden.new_zeros(0, dtype=torch.float32)
         return empty, (empty if return_entropy else None)
     if head_fn is None and type(head) is nn.Linear:
-        lp, ent = _FusedLinearLogprob.apply(
-            hidden, head.weight, head.bias, targets, float(temperature), int(chunk_size), return_entropy
-        )
-        return lp, (ent if return_entropy else None)
+        return weight_head_logprobs(
+            hidden, head.weight, targets, bias=head.bias, chunk_size=chunk_size, temperature=temperature,
+            return_entropy=return_entropy,
+        )  # fmt: skip
     fn = head_fn or head
     lps, ents = [], []
     grad = torch.is_grad_enabled() and (
@@ -424,6 +514,31 @@ def chunked_head_logprobs(
         lps.append(lp)
         ents.append(ent)
     return torch.cat(lps), (torch.cat(ents) if return_entropy else None)
+
+
+def weight_head_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    chunk_size: int | None = None,
+    temperature: float = 1.0,
+    return_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The fused chunked path of ``chunked_head_logprobs`` for a head given by its ``weight [V, H]`` (and
+    ``bias``); ``hidden`` and ``weight`` in one dtype (products in it, log-softmax in float32)."""
+    chunk = default_chunk_size(weight.shape[0]) if chunk_size is None else int(chunk_size)
+    if hidden.shape[0] == 0:
+        empty = hidden.new_zeros(0, dtype=torch.float32)
+        return empty, (empty if return_entropy else None)
+    if bias is None and not weight.requires_grad:
+        lp, ent = _ExpectedRowLogprob.apply(hidden, weight, targets, float(temperature), chunk, return_entropy)
+    else:
+        lp, ent = _FusedLinearLogprob.apply(
+            hidden, weight, bias, targets, float(temperature), chunk, return_entropy
+        )
+    return lp, (ent if return_entropy else None)
 
 
 def token_logprobs(

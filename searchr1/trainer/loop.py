@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import yaml
 
+from searchr1 import threads
 from searchr1.algorithms.advantages import compute_advantages, scores_to_token_rewards
 from searchr1.algorithms.aggregation import masked_mean
 from searchr1.algorithms.kl import AdaptiveKLController, kl_penalty
@@ -120,6 +121,10 @@ class RLTrainer:
             cfg.rollout.max_search_failure_rate, cfg.rollout.search_failure_window
         )
         self.health = CollapseMonitor()
+        self.steps_without_signal = 0
+        """Consecutive steps in which every group's rewards were all equal (``trainer.stop_without_signal``)."""
+        self.updates = 0
+        """Steps whose policy update ran (the policy can only have changed if this is > 0)."""
         self.best_val: dict[str, float] | None = None
         """``{"step", "em"}`` of the best validation so far (``trainer.keep_best``)."""
         self._stop_signal: int | None = None
@@ -152,6 +157,7 @@ class RLTrainer:
             return
 
         torch.manual_seed(self.cfg.seed)
+        threads.configure(self.tcfg.adaptive_threads and self.device.type == "cpu")
         if self.dist.is_main:  # the world and the converted model are written once, by rank 0
             components.prepare_files(
                 self.cfg,
@@ -179,7 +185,7 @@ class RLTrainer:
         if self.lora and self.cfg.model.bf16_autocast and fast_bf16(self.device):
             frozen_linears_to_bf16(self.policy)
         self.actor = wrap_model(
-            PolicyLogprobs(self.policy, share_prefix=self.tcfg.share_prompt_prefix),
+            PolicyLogprobs(self.policy, share_prefix=self.tcfg.share_prompt_prefix, fused=self.tcfg.fused_update),
             self.dist,
             self.tcfg.strategy,
             self.device,
@@ -250,6 +256,8 @@ class RLTrainer:
         self.nonfinite_total = int(state.get("nonfinite_total", 0))
         self.algo_state = dict(state.get("algo_state", {}))
         self.health.load_state_dict(state.get("health", {}))
+        self.steps_without_signal = int(state.get("steps_without_signal", 0))
+        self.updates = int(state.get("updates", self.step))
         self.best_val = state.get("best_val")
         kept = checkpoint.best_checkpoint(self.out_dir)  # a best written after this checkpoint still counts
         if kept is not None and (self.best_val is None or kept[1]["em"] > self.best_val["em"]):
@@ -346,7 +354,8 @@ class RLTrainer:
         model = self.policy if self.lora else self.reference
         with self._reference_context():
             share = self.tcfg.share_prompt_prefix
-            return self._per_token(PolicyLogprobs(model, share_prefix=share), exp, "logprobs")
+            module = PolicyLogprobs(model, share_prefix=share, fused=self.tcfg.fused_update)
+            return self._per_token(module, exp, "logprobs")
 
     def make_experience(self, trajs: list[Any], groups: list[int]) -> tuple[Experience, dict[str, float]]:
         """Rewards, old / reference log-probs, values and advantages of a rollout batch."""
@@ -534,6 +543,9 @@ class RLTrainer:
             metrics["critic/lr"] = self.critic_scheduler.get_last_lr()[0]
         metrics["actor/kl"] = metrics.get("rollout/ref_kl", 0.0)
         metrics["actor/updated"] = float(update_actor)
+        self.updates += int(update_actor)
+        no_signal = metrics.get("rollout/flat_groups", 0.0) >= 1.0
+        self.steps_without_signal = self.steps_without_signal + 1 if no_signal else 0
         metrics["timing/rollout"] = t_rollout
         metrics["timing/update"] = t_update
         metrics["timing/step"] = time.perf_counter() - t_step
@@ -659,6 +671,8 @@ class RLTrainer:
                 "algo_state": self.algo_state,
                 "world_size": self.dist.world_size,
                 "health": self.health.state_dict(),
+                "steps_without_signal": self.steps_without_signal,
+                "updates": self.updates,
                 "best_val": self.best_val,
             }
 
@@ -712,7 +726,11 @@ class RLTrainer:
             with contextlib.suppress(ValueError):  # not in the main thread
                 old_handlers[sig] = signal.signal(sig, self._on_signal)
         bar = ProgressBar(
-            self.tcfg.total_steps, initial=self.step, enabled=is_main and self.tcfg.progress_bar
+            self.tcfg.total_steps,
+            initial=self.step,
+            enabled=is_main and self.tcfg.progress_bar,
+            lines=self.tcfg.progress_lines,
+            label=self.tcfg.progress_label,
         )
         summary: dict[str, Any] = {"out_dir": str(self.out_dir)}
         last: dict[str, float] = {}
@@ -757,6 +775,15 @@ class RLTrainer:
                     bar.write(f"signal received: checkpoint written at step {self.step} ({path}); stopping")
                     summary["interrupted"] = True
                     break
+                quiet = self.tcfg.stop_without_signal
+                if quiet and self.steps_without_signal >= quiet:
+                    self.save()
+                    bar.write(
+                        f"stopping at step {self.step}: in {quiet} steps in a row every group's rewards were all "
+                        "equal, so there was nothing to learn from (trainer.stop_without_signal)"
+                    )
+                    summary["stopped_without_signal"] = self.step
+                    break
                 if self.tcfg.save_every and self.step % self.tcfg.save_every == 0:
                     self.save()
                 if is_main and self.tcfg.plot_every and self.step % self.tcfg.plot_every == 0:
@@ -775,7 +802,7 @@ class RLTrainer:
                     signal.signal(sig, handler)
         if is_main and self.tcfg.plot_at_end:
             summary["plots"] = [str(p) for p in self._plots()]
-        summary.update(step=self.step, last=last, first_val=first_val)
+        summary.update(step=self.step, last=last, first_val=first_val, updates=self.updates)
         summary["health"] = [a.__dict__ for a in self.health.alerts]
         summary["best"] = self.best_val
         latest = checkpoint.latest_checkpoint(self.out_dir)

@@ -5,14 +5,20 @@ a module (so DDP / FSDP hooks see the call).
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
 from torch import nn
 
+from searchr1.trainer.fused_decoder import FusedDecoder, StepPrefix, first_target_column, fused_token_logprobs
+from searchr1.trainer.fused_decoder import compute_dtype as fused_compute_dtype
+from searchr1.trainer.fused_decoder import unsupported_reason as fused_unsupported_reason
 from searchr1.trainer.logprobs import (
+    MIN_SHARED_PREFIX,
     attention_kwargs,
     chunked_head_logprobs,
+    common_prefix_length,
     decoder_of,
     final_hidden_states,
     lm_head_function,
@@ -20,17 +26,68 @@ from searchr1.trainer.logprobs import (
     valid_target_mask,
 )
 
+_FUSED_DECODERS: weakref.WeakKeyDictionary[nn.Module, FusedDecoder] = weakref.WeakKeyDictionary()
+"""One fused decoder per model (its merged weights are reused by every ``PolicyLogprobs`` of the model)."""
+
+
+def fused_decoder_for(model: nn.Module) -> FusedDecoder | None:
+    """The fused decoder of ``model`` (``searchr1.trainer.fused_decoder``), or None when it does not apply."""
+    decoder = _FUSED_DECODERS.get(model)
+    if decoder is None:
+        if fused_unsupported_reason(model) is not None:
+            return None
+        decoder = _FUSED_DECODERS[model] = FusedDecoder(model)
+    return decoder
+
 
 class PolicyLogprobs(nn.Module):
     """Wraps a causal LM: ``forward`` returns per-token log-probs (and entropies) via the chunked
-    LM head of ``searchr1.trainer.logprobs`` (never full-vocabulary float32 logits)."""
+    LM head of ``searchr1.trainer.logprobs`` (never full-vocabulary float32 logits).
 
-    def __init__(self, model: nn.Module, chunk_size: int = 1024, share_prefix: bool = False) -> None:
+    ``fused``: run Llama-family models through ``searchr1.trainer.fused_decoder`` (merged LoRA weights,
+    fused projections, matmul attention); with ``share_prefix`` too, ``begin_step`` computes the prompt
+    prefix of a whole optimizer step once. Other models, packed rows and the vocabulary-KL path take the
+    Hugging Face modules."""
+
+    def __init__(
+        self, model: nn.Module, chunk_size: int = 1024, share_prefix: bool = False, fused: bool = False
+    ) -> None:
         super().__init__()
         self.model = model
         self.chunk_size = chunk_size
         self.share_prefix = share_prefix
         """Run a prompt prefix common to every row of a micro-batch once (``final_hidden_states``)."""
+        self.fused = fused
+        self._step_prefix: StepPrefix | None = None
+
+    def fused_decoder(self) -> FusedDecoder | None:
+        """The fused decoder when this module uses one (``fused`` and a supported, unsharded model)."""
+        if not self.fused or self._sharded():
+            return None
+        return fused_decoder_for(self.model)
+
+    def begin_step(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, target_mask: torch.Tensor
+    ) -> StepPrefix | None:
+        """Compute the prefix every row of an optimizer step's rows shares (before any target) once, for the
+        micro-batches that follow; ``end_step`` runs its backward. None (nothing started) when there is no
+        such prefix of at least ``MIN_SHARED_PREFIX`` tokens or the fused decoder does not apply."""
+        decoder = self.fused_decoder() if self.share_prefix else None
+        if decoder is None or input_ids.shape[0] < 2:
+            return None
+        valid = valid_target_mask(input_ids, attention_mask, None) & target_mask.bool()
+        p = min(common_prefix_length(input_ids, attention_mask), first_target_column(valid) - 1)
+        if p < MIN_SHARED_PREFIX:
+            return None
+        dtype = fused_compute_dtype(decoder, input_ids.device)
+        self._step_prefix = StepPrefix(decoder, input_ids[0, :p], dtype)
+        return self._step_prefix
+
+    def end_step(self, backward: bool = True) -> None:
+        """Finish the step's prefix: with ``backward``, its gradients reach the weights; it is dropped."""
+        prefix, self._step_prefix = self._step_prefix, None
+        if prefix is not None and backward:
+            prefix.backward()
 
     def forward(
         self,
@@ -49,6 +106,14 @@ class PolicyLogprobs(nn.Module):
             return self._through_root(
                 input_ids, attention_mask, position_ids, target_mask, temperature, return_entropy
             )
+        decoder = self.fused_decoder() if position_ids is None else None
+        if decoder is not None:
+            lp, ent = fused_token_logprobs(
+                decoder, input_ids, attention_mask, target_mask=target_mask, temperature=temperature,
+                return_entropy=return_entropy, chunk_size=self.chunk_size, step_prefix=self._step_prefix,
+                share_prefix=self.share_prefix, min_prefix=MIN_SHARED_PREFIX,
+            )  # fmt: skip
+            return lp, ent
         out = token_logprobs(
             self.model,
             input_ids,

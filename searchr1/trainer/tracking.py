@@ -133,23 +133,38 @@ class MetricsLogger:
 
 
 class ProgressBar:
-    """A tqdm bar over steps, with ETA and the key metrics in its postfix (stderr)."""
+    """A tqdm bar over steps, with ETA and the key metrics in its postfix (stderr); with ``lines``, one
+    plain line per step instead (for logs, and for runs that share a terminal)."""
 
-    def __init__(self, total: int, initial: int = 0, enabled: bool = True) -> None:
+    def __init__(
+        self, total: int, initial: int = 0, enabled: bool = True, lines: bool = False, label: str = "train"
+    ) -> None:
         self._bar = None
-        if enabled:
+        self._lines = enabled and lines
+        self._total, self._step, self._label = total, initial, label
+        self._t0 = time.perf_counter()
+        if enabled and not lines:
             from tqdm.auto import tqdm
 
-            self._bar = tqdm(total=total, initial=initial, desc="train", unit="step", dynamic_ncols=True)
+            self._bar = tqdm(total=total, initial=initial, desc=label, unit="step", dynamic_ncols=True)
 
     def update(self, metrics: dict[str, Any]) -> None:
-        if self._bar is None:
-            return
         post = {}
         for key, short in PROGRESS_KEYS:
             value = metrics.get(key)
             if isinstance(value, int | float):
                 post[short] = f"{value:.3g}"
+        self._step += 1
+        if self._lines:
+            shown = " ".join(f"{k}={v}" for k, v in post.items())
+            elapsed = time.perf_counter() - self._t0
+            print(
+                f"{self._label}: step {self._step}/{self._total} ({elapsed:.0f} s) {shown}",
+                file=sys.stderr,
+                flush=True,
+            )
+        if self._bar is None:
+            return
         self._bar.set_postfix(post, refresh=False)
         self._bar.update(1)
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from searchr1 import threads
 from searchr1.algorithms.aggregation import AggNorms, agg_loss
 from searchr1.algorithms.config import AlgorithmConfig
 from searchr1.algorithms.kl import kl_penalty, vocab_kl_matrix
@@ -28,6 +29,7 @@ from searchr1.algorithms.policy_losses import compute_policy_loss, llds_loss, va
 from searchr1.precision import autocast
 from searchr1.trainer.distributed import DistInfo, all_reduce_sum, no_sync
 from searchr1.trainer.experience import Experience, micro_batches, rank_share, split_groups
+from searchr1.trainer.policy import PolicyLogprobs
 
 
 @dataclass
@@ -159,15 +161,23 @@ def _optimizer_step(mini: Experience, s: _Step, sums: MetricSums) -> bool:
     nonfinite_loss = False
     for opt in optimizers:
         opt.zero_grad(set_to_none=True)
-    for i, rows in enumerate(mbs):
-        mb = mini.select(rows).to(s.device)
-        last = i == len(mbs) - 1
-        for _, model, _, loss_fn in trained:
-            with no_sync(model, skip_sync=not last), autocast(s.device, s.bf16_autocast):
-                loss = loss_fn(model, mb, s, norms, sums)
-                if not torch.isfinite(loss.detach()):
-                    nonfinite_loss = True
-                (loss * world).backward()
+    prefix_owner = _begin_shared_prefix(mini, s)
+    try:
+        for i, rows in enumerate(mbs):
+            threads.adapt()  # fewer torch threads while other processes keep cores busy (searchr1.threads)
+            mb = mini.select(rows).to(s.device)
+            last = i == len(mbs) - 1
+            for _, model, _, loss_fn in trained:
+                with no_sync(model, skip_sync=not last), autocast(s.device, s.bf16_autocast):
+                    loss = loss_fn(model, mb, s, norms, sums)
+                    if not torch.isfinite(loss.detach()):
+                        nonfinite_loss = True
+                    (loss * world).backward()
+        if prefix_owner is not None:
+            prefix_owner.end_step()  # the shared prefix's backward, once for the whole step
+    finally:
+        if prefix_owner is not None:
+            prefix_owner.end_step(backward=False)
     sums.steps += 1
     ok = True
     (flag,) = all_reduce_sum([1.0 if nonfinite_loss else 0.0], s.info, s.device)
@@ -188,6 +198,20 @@ def _optimizer_step(mini: Experience, s: _Step, sums: MetricSums) -> bool:
     for opt in optimizers:
         opt.zero_grad(set_to_none=True)
     return ok
+
+
+def _begin_shared_prefix(mini: Experience, s: _Step) -> PolicyLogprobs | None:
+    """Start the optimizer step's shared prompt prefix on the actor (computed once, attended by every
+    micro-batch; ``PolicyLogprobs.begin_step``). Single process only: under DDP / FSDP the prefix's
+    backward would run after the gradients were reduced."""
+    actor = s.actor
+    if not isinstance(actor, PolicyLogprobs) or s.info.enabled or len(mini) < 2:
+        return None
+    with autocast(s.device, s.bf16_autocast):
+        started = actor.begin_step(
+            mini.input_ids.to(s.device), mini.attention_mask.to(s.device), mini.train_mask.to(s.device)
+        )
+    return actor if started is not None else None
 
 
 def _actor_loss(

@@ -7,14 +7,10 @@ import json
 import pytest
 from sample_data import flashrag_sample
 
-from searchr1.learning_demo import (
-    DemoSettings,
-    NoSearch,
-    em_by_relation,
-    format_by_relation,
-    format_results,
-    run_learning_demo,
-)
+from searchr1.demo.console import format_by_relation, format_results
+from searchr1.demo.runs import NoSearch, run_learning_demo
+from searchr1.demo.settings import DemoSettings
+from searchr1.demo.summary import before_after, relation_of
 
 TINY_RL = [
     "trainer.total_steps=2",
@@ -29,26 +25,46 @@ def test_no_search_backend_finds_nothing():
     assert NoSearch().search(["Alice Verdan", "Borvik"], topk=3) == [[], []]
 
 
-def test_tiny_run_writes_the_summary_with_both_runs(tmp_path, tiny_model_dir):
+def tiny_settings(model_dir) -> DemoSettings:
     nq_folder = flashrag_sample()
-    settings = DemoSettings(
+    return DemoSettings(
         seeds=(3,),
         num_test=4,
-        model=str(tiny_model_dir),
+        model=str(model_dir),
         template="base",
         zero_shot_template="base",
         nq_sample=str(nq_folder) if nq_folder else "",
         overrides=TINY_RL,
         world={"num_entities": 40},
     )
-    summary = run_learning_demo(tmp_path, settings, log=lambda s: None)
+
+
+@pytest.fixture(scope="module")
+def tiny_demo(tmp_path_factory, tiny_model_dir):
+    """The tiny demo run once, one process, one thread: (its folder, its summary)."""
+    import torch
+
+    out = tmp_path_factory.mktemp("demo")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return out, run_learning_demo(out, tiny_settings(tiny_model_dir), log=lambda s: None)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_tiny_run_writes_the_summary_with_both_runs(tiny_demo, tiny_model_dir):
+    nq_folder = flashrag_sample()
+    tmp_path, summary = tiny_demo
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     row = on_disk["seeds"]["3"]
     for key in ("em_before", "em_after", "searches_before", "searches_after"):
         assert 0.0 <= row[key] <= 10.0
         assert key in row["no_search"]
     runs = row["runs"]
-    assert runs["search"]["steps"] == 2 and runs["no_search"]["steps"] == 2 and runs["zero_shot"]["steps"] == 2
+    assert (
+        runs["search"]["steps"] == 2 and runs["no_search"]["steps"] == 2 and runs["zero_shot"]["steps"] == 2
+    )
     assert "zero_shot_em_after" in row and "zero_shot_em_after" in summary["mean"]
     # single- and multi-hop apart: every test question in one of them, EM as the overall one
     by_hops = runs["search"]["by_hops"]
@@ -80,19 +96,31 @@ def test_tiny_run_writes_the_summary_with_both_runs(tmp_path, tiny_model_dir):
 def _record(index: int, em: float) -> str:
     """An evaluation record (the fields ``evaluation.aggregate`` reads)."""
     scores = {"em": em, "sub_em": em, "f1": em, "valid_format": 1.0}
-    return json.dumps({"index": index, "data_source": "synth", "scores": scores, "searches": 1,
+    return json.dumps({"index": index, "data_source": "synth", "scores": scores, "searches": 1 + int(em),
                        "turns": 2, "truncated": False}) + "\n"  # fmt: skip
 
 
-def test_em_by_relation_joins_questions_and_trajectories_by_index(tmp_path):
+def test_before_after_joins_questions_and_trajectories_by_index(tmp_path):
     samples = [{"metadata": {"relation": r}} for r in ("founder", "birth_city", "founder", "birth_city")]
     before, after = tmp_path / "before.jsonl", tmp_path / "after.jsonl"
     before.write_text(_record(0, 0.0) + _record(1, 1.0) + _record(2, 0.0) + _record(3, 0.0))
     after.write_text(_record(3, 1.0) + _record(2, 1.0) + _record(0, 1.0) + _record(1, 0.0))  # any order
-    table = em_by_relation(samples, before, after)
+    table = before_after(samples, before, after, relation_of)
     assert table == {
-        "birth_city": {"questions": 2, "em_before": 0.5, "em_after": 0.5},
-        "founder": {"questions": 2, "em_before": 0.0, "em_after": 1.0},
+        "birth_city": {
+            "questions": 2,
+            "em_before": 0.5,
+            "em_after": 0.5,
+            "searches_before": 1.5,
+            "searches_after": 1.5,
+        },
+        "founder": {
+            "questions": 2,
+            "em_before": 0.0,
+            "em_after": 1.0,
+            "searches_before": 1.0,
+            "searches_after": 2.0,
+        },
     }
     summary = {
         "seeds": {
@@ -122,9 +150,9 @@ def test_quick_demo_reward_rises(tmp_path):
 
 @pytest.mark.parametrize("argv", [["--algorithm", "nope"], ["rollout.nope=1"], ["trainer.batch_size=0"]])
 def test_bad_settings_fail_before_anything_is_built(tmp_path, argv, capsys):
-    from searchr1.learning_demo import main
+    from searchr1.cli import main
 
-    assert main(["--out", str(tmp_path), *argv]) == 2
+    assert main(["demo", "--out", str(tmp_path), *argv]) == 2
     assert "error:" in capsys.readouterr().err
 
 
@@ -134,3 +162,19 @@ def test_searchr1_demo_runs_the_learning_demo(tmp_path, capsys):
     assert main(["demo", "--quick", "--out", str(tmp_path), "--algorithm", "nope"]) == 2
     assert "--algorithm" in capsys.readouterr().err
     assert (tmp_path / "prompt.json").is_file()
+
+
+def test_parallel_runs_give_the_serial_summary(tmp_path, tiny_demo, tiny_model_dir):
+    """``--jobs 2``: the runs go to two worker processes (one thread each) and the summary holds exactly
+    the numbers of the one-process run with one thread (same seeds, same arithmetic)."""
+    from dataclasses import replace
+
+    serial = tiny_demo[1]
+    parallel = run_learning_demo(tmp_path, replace(tiny_settings(tiny_model_dir), jobs=2), log=lambda s: None)
+    a, b = serial["seeds"]["3"], parallel["seeds"]["3"]
+    assert list(b["runs"]) == list(a["runs"]) == ["search", "no_search", "zero_shot"]
+    compared = [k for k in a if k not in ("runs", "no_search") and "seconds" not in k]
+    assert len(compared) > 20
+    for key in compared:
+        assert b[key] == a[key], key
+    assert b["runs"]["search"].get("nq") == a["runs"]["search"].get("nq")

@@ -89,3 +89,62 @@ def test_a_tag_pair_cut_by_an_insertion_is_no_answer(tok):
     traj = trajectory(tok, [("<answer> Bor", GEN), (PLANTED, OBS), ("vik </answer>", GEN)], golden=["Borvik"])
     assert traj.generated_spans(tok.decode) == ["<answer> Bor", "vik </answer>"]
     assert answers_everywhere(tok, traj) == (0.0, 0.0, None, 0.0)
+
+
+class SplitAnswerEngine:
+    """A rollout engine whose every trajectory writes ``<answer> Bor`` then, after an inserted passage,
+    ``vik </answer>``: joined, the generated text holds a complete (right) answer; no span does."""
+
+    def __init__(self, tok) -> None:
+        self.tok = tok
+
+    def generate(self, prompt_ids, metas, sampling=None, seed=0):
+        return [
+            trajectory(self.tok, [("<answer> Bor", GEN), (PLANTED, OBS), ("vik </answer>", GEN)], ["Borvik"])
+            for _ in prompt_ids
+        ]
+
+    def update_weights(self) -> None:
+        pass
+
+
+def test_validation_reads_the_answer_as_the_reward_and_the_evaluation_do(tmp_path, tiny_model_dir):
+    """The trainer's validation EM (and the progress line's) once read all generated text joined, so an
+    answer cut by an observation scored 1 there and 0 in the reward and ``eval``."""
+    import json
+
+    from searchr1.config import load_config
+    from searchr1.models import load_tokenizer
+    from searchr1.trainer.loop import RLTrainer
+
+    rows = [
+        {"id": "q0", "question": "Where?", "golden_answers": ["Borvik"], "metadata": {"data_source": "t"}}
+    ]
+    data = tmp_path / "q.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text(json.dumps({"id": "0", "contents": '"Borvik"\nBorvik is a city.'}) + "\n")
+    tok = load_tokenizer(tiny_model_dir)
+    traj = SplitAnswerEngine(tok).generate([[1]], [{}])[0]
+    from searchr1.rewards.text import answer_from_spans, exact_match
+
+    joined = traj.generated_text_only(lambda ids: tok.decode(ids, skip_special_tokens=True))
+    assert exact_match(answer_from_spans([joined]), ["Borvik"]) == 1.0  # what the joined reading gave
+    cfg = load_config(
+        None,
+        [
+            f"model.path={tiny_model_dir}",
+            f"data.train_files=[{data}]",
+            f"data.val_files=[{data}]",
+            f"retrieval.corpus={corpus}",
+            "retrieval.backend=bm25",
+            "trainer.device=cpu",
+            "trainer.batch_size=1",
+            "trainer.mini_batch_size=1",
+            f"trainer.out_dir={tmp_path / 'run'}",
+        ],
+    )
+    trainer = RLTrainer(cfg, engine=SplitAnswerEngine(tok))
+    trainer.setup()
+    assert trainer.validate()["val/em"] == 0.0
+    assert answers_everywhere(tok, traj)[:2] == (0.0, 0.0)

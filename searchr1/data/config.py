@@ -16,7 +16,7 @@ class DataConfig:
     template: str = "auto"
     """Prompt template: auto (instruct when the tokenizer has a chat template, else base; the choice is
     printed) | base (Search-R1's instruction as plain text) | instruct (through the chat template) |
-    instruct_1shot / instruct_2shot (the instruction as the system message and worked examples, through
+    instruct_1shot / instruct_2shot / instruct_2hop (the instruction as the system message and worked examples, through
     the chat template) | a path to a .json / .yaml list of chat messages or a text file, with a {question} slot."""
 
     def validate(self, root: object) -> None:

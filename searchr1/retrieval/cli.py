@@ -16,6 +16,7 @@ from searchr1.cli_common import (
 )
 from searchr1.errors import UserFacingError
 from searchr1.retrieval.base import SearchError
+from searchr1.retrieval.config import DENSE_INDEX_TYPES
 
 EXAMPLES_INDEX = """examples:
   searchr1 data synth --out data/world
@@ -23,6 +24,13 @@ EXAMPLES_INDEX = """examples:
   searchr1 index build --retriever dense --corpus data/world/corpus.jsonl --out indexes/world-dense --index-type hnsw
   searchr1 index build --retriever bm25 --corpus shared/data/flashrag-sample/wiki18_sample_corpus.jsonl \\
       --out indexes/wiki18-chunks --chunk-size 100 --overlap 20
+  searchr1 index build --retriever dense --corpus data/world/corpus.jsonl --out indexes/world-ivfpq \\
+      --index-type ivfpq --pq-m 48          (IVF-PQ: 48 bytes per passage, trained on a sample)
+  searchr1 index build --retriever bm25 --corpus data/world/corpus.jsonl --out indexes/world --resume
+
+Builds stream: the corpus is read once in chunks (--chunk-passages), each chunk checkpointed, so an
+interrupted build continues with --resume; the manifest is written last, so a half-built folder is
+never served.
 """
 
 EXAMPLES_SEARCH = """examples:
@@ -63,6 +71,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument(
         "--skip-bad-lines", action="store_true", help="skip and count malformed lines instead of failing"
     )
+    g = b.add_mutually_exclusive_group()
+    g.add_argument(
+        "--resume",
+        dest="resume",
+        action="store_const",
+        const=True,
+        default=None,
+        help="continue the unfinished build in --out (refused if the corpus or options changed)",
+    )
+    g.add_argument(
+        "--restart",
+        dest="resume",
+        action="store_const",
+        const=False,
+        help="discard an unfinished build in --out and start again",
+    )
+    b.add_argument(
+        "--chunk-passages", type=int, default=50_000,
+        help="passages read, indexed and checkpointed at a time (default 50000)",
+    )  # fmt: skip
     g = b.add_argument_group("bm25")
     g.add_argument("--k1", type=float, default=1.5, help="term-frequency saturation (default 1.5)")
     g.add_argument("--b", type=float, default=0.75, help="length normalisation (default 0.75)")
@@ -71,6 +99,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     g.add_argument("--stemmer", default="english", help="PyStemmer language, or 'none' (default english)")
     g.add_argument("--stopwords", default="en", help="stop-word list (en, de, ...), or 'none' (default en)")
+    g.add_argument(
+        "--memory-mb", type=int, default=1024,
+        help="column buffers of the final scoring pass (default 1024; the vocabulary comes on top)",
+    )  # fmt: skip
     g = b.add_argument_group("dense")
     g.add_argument(
         "--model",
@@ -78,8 +110,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="sentence-transformers folder or hub id (default: bundled all-MiniLM-L6-v2)",
     )
     g.add_argument(
-        "--index-type", choices=["flat", "hnsw", "ivf"], default="flat", help="FAISS index (default flat)"
+        "--index-type",
+        choices=list(DENSE_INDEX_TYPES),
+        default="flat",
+        help="FAISS index (default flat); ivfpq / opq-ivfpq store pq_m bytes per passage",
     )
+    g.add_argument("--nlist", type=int, default=None, help="IVF cells (default 4 sqrt(passages))")
+    g.add_argument("--pq-m", type=int, default=None, help="PQ bytes per passage (default dim / 8)")
+    g.add_argument("--hnsw-m", type=int, default=32, help="HNSW links per node (default 32)")
+    g.add_argument("--ef-construction", type=int, default=80, help="HNSW build candidates (default 80)")
+    g.add_argument(
+        "--train-size", type=int, default=None, help="vectors sampled to train IVF / PQ (default 40 per centroid)"
+    )  # fmt: skip
     g.add_argument("--batch-size", type=int, default=64, help="encoder batch size (default 64)")
     g.add_argument("--device", default=None, help="torch device (default: cuda if available)")
     b.set_defaults(func=_index_build)
@@ -192,9 +234,24 @@ def _index_build(args: argparse.Namespace) -> int:
             index_type=args.index_type,
             batch_size=args.batch_size,
             device=args.device,
+            resume=args.resume,
+            chunk_passages=args.chunk_passages,
+            memory_mb=args.memory_mb,
+            dense={
+                "nlist": args.nlist,
+                "pq_m": args.pq_m,
+                "hnsw_m": args.hnsw_m,
+                "ef_construction": args.ef_construction,
+                "train_size": args.train_size,
+            },
         )
     except ValueError as exc:
         raise UserFacingError(str(exc)) from None
+    except KeyboardInterrupt:
+        raise UserFacingError(
+            f"interrupted; the chunks finished so far are checkpointed in {args.out}: "
+            "rerun the same command with --resume to continue"
+        ) from None
     skipped = f", skipped {m.skipped_lines} malformed line(s)" if m.skipped_lines else ""
     print(
         f"indexed {m.num_documents} passages ({m.retriever}{', ' + m.model if m.model else ''}) into {args.out}{skipped}"

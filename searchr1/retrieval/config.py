@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+DENSE_INDEX_TYPES = ("flat", "hnsw", "ivf", "ivfpq", "opq-ivfpq", "ivfpq-rerank", "hnsw-sq8")
+"""FAISS index kinds of ``searchr1 index build --retriever dense`` (see ``retrieval.dense_build``)."""
+
 
 @dataclass
 class RetrievalConfig:
@@ -34,7 +37,7 @@ class RetrievalConfig:
     dense_model: str | None = None
     """Sentence-transformers encoder: local folder or hub id (null: the bundled all-MiniLM-L6-v2)."""
     dense_index_type: str = "flat"
-    """FAISS index built by `index build --retriever dense`: flat | hnsw | ivf."""
+    """FAISS index built by `index build --retriever dense`: flat | hnsw | ivf | ivfpq | opq-ivfpq | ivfpq-rerank | hnsw-sq8."""
     dense_nprobe: int = 16
     """IVF lists visited per query (recall vs speed)."""
     dense_ef_search: int = 64
@@ -74,8 +77,8 @@ class RetrievalConfig:
             raise ValueError("retrieval.topk must be >= 1")
         if self.cache_size < 0:
             raise ValueError("retrieval.cache_size must be >= 0")
-        if self.dense_index_type not in ("flat", "hnsw", "ivf"):
-            raise ValueError("retrieval.dense_index_type must be one of flat, hnsw, ivf")
+        if self.dense_index_type not in DENSE_INDEX_TYPES:
+            raise ValueError(f"retrieval.dense_index_type must be one of {', '.join(DENSE_INDEX_TYPES)}")
         if self.backend == "hybrid" and len(self.hybrid_indexes) != 2:
             raise ValueError(
                 "retrieval.hybrid_indexes must name exactly two index folders for backend=hybrid"

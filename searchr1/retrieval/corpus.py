@@ -8,6 +8,9 @@ Accepted line forms:
     {"id": "0", "title": "Title", "text": "text"}
 A malformed line raises ``CorpusError`` naming the file and line; with ``skip_bad_lines=True`` it is
 skipped and counted instead (``CorpusReader.skipped`` / ``CorpusReader.bad_lines``).
+
+Streaming builds read the corpus in batches that end on line boundaries and note where they stopped,
+so an interrupted build resumes at that byte offset (``CorpusReader.batches``, ``ReadPosition``).
 """
 
 from __future__ import annotations
@@ -94,6 +97,16 @@ def chunk_document(doc: Document, chunk_size: int, overlap: int = 0) -> list[Doc
     return chunks
 
 
+@dataclass(frozen=True)
+class ReadPosition:
+    """Where a pass over a corpus file stands: the byte offset just after the last line read, that
+    line's number, and how many lines were skipped as malformed so far."""
+
+    offset: int = 0
+    lineno: int = 0
+    skipped: int = 0
+
+
 @dataclass
 class CorpusReader:
     """An iterable over a corpus file that remembers which lines it skipped.
@@ -114,29 +127,63 @@ class CorpusReader:
         return len(self.bad_lines)
 
     def __iter__(self) -> Iterator[Document]:
+        self.bad_lines = []
+        for docs, _ in self._lines(ReadPosition()):
+            yield from docs
+
+    def batches(
+        self, max_passages: int, start: ReadPosition | None = None
+    ) -> Iterator[tuple[list[Document], ReadPosition]]:
+        """Passages in lists of about ``max_passages`` (a list ends with the last passage of a line,
+        so it may be a little longer), each with the position after it; reading begins at ``start``
+        (a position an earlier pass returned), whose skipped-line count carries on."""
+        if max_passages <= 0:
+            raise ValueError("max_passages must be positive")
+        start = start or ReadPosition()
+        self.bad_lines = []
+        batch: list[Document] = []
+        position, sent = start, None
+        for docs, position in self._lines(start):
+            batch.extend(docs)
+            if len(batch) >= max_passages:
+                yield batch, position
+                batch, sent = [], position
+        if batch or position != sent:  # the rest, or where a tail of skipped lines ends
+            yield batch, position
+
+    def _lines(self, start: ReadPosition) -> Iterator[tuple[list[Document], ReadPosition]]:
+        """The passages of each line after ``start`` with the position after that line."""
         path = Path(self.path)
         if not path.is_file():
             raise CorpusError(f"corpus file not found: {path}")
         if self.chunk_size is not None:
             chunk_document(Document("", "", ""), self.chunk_size, self.overlap)  # validate early
-        self.bad_lines = []
+        offset, lineno, skipped = start.offset, start.lineno, start.skipped
         with path.open("rb") as fh:
-            for lineno, raw in enumerate(fh, start=1):
+            fh.seek(offset)
+            for raw in fh:
+                lineno += 1
+                offset += len(raw)
                 try:
                     line = raw.decode("utf-8")
                     if not line.strip():
+                        yield [], ReadPosition(offset, lineno, skipped)
                         continue
                     doc = parse_line(line)
                 except (ValueError, UnicodeDecodeError) as exc:
                     reason = "invalid UTF-8" if isinstance(exc, UnicodeDecodeError) else str(exc)
                     if not self.skip_bad_lines:
-                        raise CorpusError(f"{path}:{lineno}: {reason}") from None
+                        raise CorpusError(
+                            f"{path}:{lineno}: {reason} (pass --skip-bad-lines to skip and count such lines)"
+                        ) from None
                     self.bad_lines.append((lineno, reason))
+                    skipped += 1
+                    yield [], ReadPosition(offset, lineno, skipped)
                     continue
-                if self.chunk_size is None:
-                    yield doc
-                else:
-                    yield from chunk_document(doc, self.chunk_size, self.overlap)
+                docs = (
+                    [doc] if self.chunk_size is None else chunk_document(doc, self.chunk_size, self.overlap)
+                )
+                yield docs, ReadPosition(offset, lineno, skipped)
 
 
 def read_corpus(

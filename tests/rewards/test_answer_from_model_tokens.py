@@ -95,6 +95,8 @@ class SplitAnswerEngine:
     """A rollout engine whose every trajectory writes ``<answer> Bor`` then, after an inserted passage,
     ``vik </answer>``: joined, the generated text holds a complete (right) answer; no span does."""
 
+    weight_format = "module"
+
     def __init__(self, tok) -> None:
         self.tok = tok
 
@@ -104,7 +106,7 @@ class SplitAnswerEngine:
             for _ in prompt_ids
         ]
 
-    def update_weights(self) -> None:
+    def update_weights(self, weights=None) -> None:
         pass
 
 

@@ -61,8 +61,11 @@ def test_filter_groups_trains_on_the_groups_with_signal(world, tiny_model_dir, t
 
 
 def test_filter_groups_is_refused_with_a_critic_baseline():
+    from searchr1.config import load_config
+
+    load_config(None, ["algorithm.advantage=grpo", "algorithm.filter_groups=true"])  # a group baseline: fine
     with pytest.raises(ValueError, match=r"algorithm\.filter_groups"):
-        AlgorithmConfig(advantage="gae", filter_groups=True).validate()
+        load_config(None, ["algorithm.advantage=gae", "algorithm.filter_groups=true"])
 
 
 def test_keep_best_keeps_the_best_validation_and_exports_it(world, tiny_model_dir, tmp_path):

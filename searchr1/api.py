@@ -140,7 +140,10 @@ class SearchR1Trainer:
         self.trainer = RLTrainer(
             self.cfg, retriever=self.retriever, train_samples=train_samples, val_samples=val_samples
         )
-        return self.trainer.train()
+        try:
+            return self.trainer.train()
+        finally:
+            self.trainer.close()  # the rollout engine (a vLLM server is stopped); the policy stays
 
     @property
     def model(self) -> Any:

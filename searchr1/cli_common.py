@@ -5,7 +5,7 @@ the registered names (plugins included).
 
     add_config_flags(parser, ...)    --config FILE, --set KEY=VALUE, --plugin MODULE
     add_search_flags(parser)         --index, --corpus, --search-url, --backend, --encoder, --topk
-    add_model_flags(parser)          --model, --template, --dtype, --device, --max-turns, --max-turn-tokens
+    add_model_flags(parser)          --model, --template, --engine, --dtype, --device, --max-turns, --max-turn-tokens
     command_config(args, ...)        the config of a command: file, flags, --set, plugins imported first
     help_lists_names(parser, keys)   -h / --help also prints what each key may name
 
@@ -159,6 +159,13 @@ def add_model_flags(parser: argparse.ArgumentParser, model_required: bool = True
     parser.add_argument(
         "--max-turn-tokens", type=int, default=None, help="tokens per turn at most (default 500)"
     )
+    parser.add_argument(
+        "--engine",
+        default=None,
+        metavar="NAME",
+        help="rollout engine of the search loop (default: rollout.engine = hf): hf | turn_sync | vllm (a vLLM "
+        "server, see rollout.vllm; install with scripts/setup-vllm.sh) | a plugin's",
+    )
     parser.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 (default float32)")
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
 
@@ -170,6 +177,7 @@ def model_overrides(args: argparse.Namespace) -> list[str]:
         ("max_turns", "rollout.max_turns"),
         ("max_turn_tokens", "rollout.max_turn_tokens"),
         ("template", "data.template"),
+        ("engine", "rollout.engine"),
     ):
         if getattr(args, flag) is not None:
             out.append(f"{key}={getattr(args, flag)}")

@@ -47,3 +47,14 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory):
 
     out = tmp_path_factory.mktemp("tiny-model")
     return save_tiny_checkpoint(out, TINY_TEXTS, seed=0, vocab_size=512)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``vllm`` start vLLM servers: they run under ``scripts/test.sh --vllm`` (which installs
+    .venv-vllm and sets SEARCHR1_VLLM_TESTS=1) and skip, naming that command, everywhere else."""
+    if os.environ.get("SEARCHR1_VLLM_TESTS") == "1":
+        return
+    skip = pytest.mark.skip(reason="vLLM engine test: run `scripts/test.sh --vllm` (installs .venv-vllm)")
+    for item in items:
+        if item.get_closest_marker("vllm") is not None:
+            item.add_marker(skip)

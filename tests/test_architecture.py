@@ -40,10 +40,11 @@ MAY_IMPORT = {
     # in data-path order; each package may import the ones listed (in-function imports counted)
     "searchr1.data": {"searchr1.errors"},
     "searchr1.retrieval": {"searchr1.errors", "searchr1.registry"},
-    # rollout/records.py scores a finished trajectory with the rewards' answer parsing
+    # rollout/records.py scores a finished trajectory with the rewards' answer parsing; the vLLM engine's
+    # errors (vLLM missing, a dead server) are user-facing
     "searchr1.rollout": {
         "searchr1.data", "searchr1.retrieval", "searchr1.rewards", "searchr1.models", "searchr1.precision",
-        "searchr1.registry", "searchr1.threads",
+        "searchr1.registry", "searchr1.errors", "searchr1.threads",
     },
     "searchr1.rewards": {"searchr1.data", "searchr1.registry"},
     "searchr1.algorithms": {"searchr1.registry"},

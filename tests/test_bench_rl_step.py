@@ -18,7 +18,8 @@ def test_every_row_is_a_valid_config_of_the_same_work(row, tmp_path):
     fast = row != "baseline"
     assert cfg.rollout.fast_decode is fast and cfg.trainer.on_policy_logprobs is fast
     assert cfg.trainer.fused_update is fast and cfg.trainer.adaptive_threads is fast
-    assert (cfg.model.lora_r > 0) is (row in ("fast", "fast+kl"))
+    assert (cfg.model.lora_r > 0) is (row in ("fast", "fast+kl", "vllm", "vllm-lora"))
+    assert (cfg.rollout.engine == "vllm") is row.startswith("vllm")
     assert cfg.algorithm.use_kl_loss is (row in ("baseline", "fast+kl"))
 
 

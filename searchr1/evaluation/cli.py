@@ -54,6 +54,8 @@ EXAMPLES = """examples:
   searchr1 eval --model runs/tiny/checkpoints/step_000020/model --data data/world/test.jsonl \\
       --corpus data/world/corpus.jsonl --mode direct,rag,agent --limit 32 --out eval/after
   searchr1 eval --compare eval/before eval/after          (two runs side by side: before / after RL)
+  searchr1 eval --model smollm2-135m-instruct --data data/world/test.jsonl --corpus data/world/corpus.jsonl \\
+      --engine vllm --limit 32 --out eval/vllm      (the search loop on a vLLM server; bash scripts/setup-vllm.sh)
   searchr1 eval --model smollm2-135m-instruct --data shared/data/flashrag-sample/nq_test_sample.jsonl \\
       --corpus shared/data/flashrag-sample/wiki18_sample_corpus.jsonl --mode direct,rag,agent --out eval/nq
 A rerun into the same --out continues an interrupted run (and retries questions whose search

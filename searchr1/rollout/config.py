@@ -2,15 +2,84 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+@dataclass
+class VLLMConfig:
+    """The vLLM engine (``rollout.engine=vllm``): a vLLM OpenAI-compatible server that the engine starts
+    from its own environment (``scripts/setup-vllm.sh``), health-checks and stops, or one already running."""
+
+    url: str = ""
+    """A running vLLM server (http://host:port) to use instead of starting one; it must serve the policy's
+    model and see the folder the new weights are written to (rollout.vllm.weights_dir)."""
+    python: str = ""
+    """The interpreter of the vLLM environment; empty: $SEARCHR1_VLLM_PYTHON, else the repository's
+    .venv-vllm (scripts/setup-vllm.sh), else this interpreter when it can import vllm."""
+    weight_sync: Literal["auto", "full", "lora"] = "auto"
+    """How the policy's new weights reach the server after each update: full (the merged weights written to
+    rollout.vllm.weights_dir and reloaded in place) | lora (the LoRA adapter loaded as a new adapter; needs
+    model.lora_r > 0) | auto (full: measured faster on CPU, where vLLM generates 3-6x slower with an adapter)."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Weights and activations in the server: auto (bfloat16 where the GPU or CPU has bfloat16 units, else
+    float32) | float32 | bfloat16 | float16."""
+    enforce_eager: bool = True
+    """No graph capture or compilation: starts in ~20 s instead of ~100 s on CPU; false on a GPU for speed."""
+    tensor_parallel_size: int = 1
+    """GPUs the server shards the model over (vLLM's --tensor-parallel-size)."""
+    gpu_memory_utilization: float = 0.5
+    """Share of each GPU's memory vLLM may take for weights and KV cache (the trainer uses the rest)."""
+    sleep_during_update: bool = False
+    """GPU only: after each rollout the server sleeps (vLLM's sleep mode, level 1: KV cache freed, weights
+    moved to host memory) so the update has the GPU memory; it wakes before the new weights load or the next
+    rollout. vLLM has no sleep mode on CPU."""
+    cpu_kv_cache_gb: float = 1.0
+    """CPU only: KV cache space in GiB (VLLM_CPU_KVCACHE_SPACE)."""
+    cpu_threads: str = "auto"
+    """CPU only: cores the server's threads are bound to (VLLM_CPU_OMP_THREADS_BIND): auto (the cores this
+    process may run on) | a list like 1 or 0-3 | all."""
+    max_num_seqs: int = 0
+    """Sequences the server decodes together at most; 0 = rollout.max_batch_rows."""
+    weights_dir: str = ""
+    """Where full weights are written for the server to reload (one folder, rewritten each update); empty:
+    a fresh folder under /dev/shm (memory), else the system temp folder."""
+    start_timeout_s: float = 900.0
+    """Seconds the server may take to start and load the model before the engine gives up."""
+    request_timeout_s: float = 600.0
+    """Seconds one generation or weight-sync request may take before the engine fails the step."""
+    extra_args: list[str] = field(default_factory=list)
+    """More arguments for the server command line (vLLM's own flags, e.g. [--max-model-len, '8192'])."""
+
+    def validate(self, root: Any) -> None:
+        if self.tensor_parallel_size < 1:
+            raise ValueError(
+                f"rollout.vllm.tensor_parallel_size: must be >= 1, got {self.tensor_parallel_size}"
+            )
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(
+                f"rollout.vllm.gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
+        if not self.cpu_kv_cache_gb > 0:
+            raise ValueError(f"rollout.vllm.cpu_kv_cache_gb: must be > 0, got {self.cpu_kv_cache_gb}")
+        for name in ("start_timeout_s", "request_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"rollout.vllm.{name}: must be > 0, got {getattr(self, name)}")
+        if self.max_num_seqs < 0:
+            raise ValueError(f"rollout.vllm.max_num_seqs: must be >= 0, got {self.max_num_seqs}")
+        if self.url and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"rollout.vllm.url: expected http://host:port, got {self.url!r}")
+        lora = getattr(getattr(root, "model", None), "lora_r", 0)
+        if self.weight_sync == "lora" and not lora:
+            raise ValueError("rollout.vllm.weight_sync=lora needs LoRA training (model.lora_r > 0); use full")
 
 
 @dataclass
 class RolloutConfig:
     engine: str = "hf"
     """Generation engine by registered name (``searchr1.rollout.registry``): hf (KV-cached, async search) |
-    turn_sync (reference: re-encodes every turn) | single_turn (one reply, no search) | a plugin's."""
+    turn_sync (reference: re-encodes every turn) | vllm (a vLLM server, rollout.vllm) | single_turn (one
+    reply, no search) | a plugin's."""
     dtype: str = "auto"
     """Generation dtype of the HF engines: auto (bfloat16 where the GPU or CPU has bfloat16 units, else the
     model's) | model | float32 | bfloat16 | float16. Another dtype than the model's, or LoRA, makes the
@@ -57,6 +126,8 @@ class RolloutConfig:
     """Threads that run searches while the HF engine keeps decoding other rows."""
     max_batch_rows: int = 64
     """Rows decoded together; further prompts take the slots of finished rows (continuous batching)."""
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    """The vLLM engine's server and weight sync (rollout.engine=vllm)."""
 
     def validate(self, root: Any) -> None:
         if self.dtype not in ("auto", "model", "float32", "bfloat16", "float16"):

@@ -13,6 +13,7 @@ text is encoded once and appended (role OBSERVATION, log-prob 0). Nothing is eve
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -30,6 +31,22 @@ SEARCH_FAILED_TEXT = (
     "Search failed: the search engine did not answer. Try again or answer with what you know.\n"
 )
 """The text inside <information> when a search failed after its retries."""
+
+
+def checked_prompts(
+    prompt_ids: Sequence[Sequence[int]], metas: Sequence[Mapping[str, Any]] | None
+) -> tuple[list[list[int]], list[dict[str, Any]]]:
+    """The prompts of a ``generate`` call as lists of ints with one meta dict each; an empty prompt or a
+    count mismatch is refused."""
+    prompts = [list(map(int, p)) for p in prompt_ids]
+    if metas is None:
+        metas = [{} for _ in prompts]
+    if len(metas) != len(prompts):
+        raise ValueError(f"generate: {len(prompts)} prompts but {len(metas)} metas")
+    for i, p in enumerate(prompts):
+        if not p:
+            raise ValueError(f"generate: prompt {i} is empty")
+    return prompts, [dict(m) for m in metas]
 
 
 class EpisodeContext:

@@ -34,7 +34,7 @@ from searchr1.rollout.actions import StopDetector, eos_token_ids
 from searchr1.rollout.attention import decode_attention_for
 from searchr1.rollout.config import RolloutConfig
 from searchr1.rollout.engine import NewToken, PolicyWeights, RolloutEngine, TokenListener
-from searchr1.rollout.episode import Episode, EpisodeContext
+from searchr1.rollout.episode import Episode, EpisodeContext, checked_prompts
 from searchr1.rollout.kv import KVBatch, model_config
 from searchr1.rollout.sampling import SamplingParams, logprob_temperature, row_generators, sample_tokens
 from searchr1.rollout.search import SearchJob, SearchRunner
@@ -122,18 +122,11 @@ class _HFEngineBase(RolloutEngine):
         metas: Sequence[Mapping[str, Any]] | None,
         sampling: SamplingParams | None,
     ) -> tuple[list[list[int]], list[dict[str, Any]], SamplingParams, EpisodeContext]:
-        prompts = [list(map(int, p)) for p in prompt_ids]
-        if metas is None:
-            metas = [{} for _ in prompts]
-        if len(metas) != len(prompts):
-            raise ValueError(f"generate: {len(prompts)} prompts but {len(metas)} metas")
-        for i, p in enumerate(prompts):
-            if not p:
-                raise ValueError(f"generate: prompt {i} is empty")
+        prompts, metas_ = checked_prompts(prompt_ids, metas)
         sampling = sampling or SamplingParams.from_config(self.config)
         turn_limit = sampling.max_turn_tokens or self.config.max_turn_tokens
         ctx = EpisodeContext(self.tokenizer, self.config, self.stop, turn_limit, self.max_context())
-        return prompts, [dict(m) for m in metas], sampling, ctx
+        return prompts, metas_, sampling, ctx
 
     def _choose(
         self,

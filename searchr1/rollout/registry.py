@@ -12,6 +12,7 @@ constructor takes ``(cfg, model, tokenizer, retriever, **kwargs)`` is one too). 
 
     hf           HFRolloutEngine: one KV cache across turns, searches run while other rows decode
     turn_sync    TurnSyncRolloutEngine: Search-R1's loop, re-encodes every turn (the reference)
+    vllm         VLLMRolloutEngine: the same loop on a vLLM server it starts (rollout.vllm; scripts/setup-vllm.sh)
     single_turn  SingleTurnEngine: one reply, no search (the evaluation's direct / cot / rag baselines;
                  ``max_new_tokens=`` sets the reply length, default ``rollout.max_turn_tokens``)
 
@@ -63,6 +64,14 @@ def _turn_sync(cfg: Any, model: Any, tokenizer: Any, retriever: Any, **kwargs: A
 
     kwargs.setdefault("topk", cfg.retrieval.topk)
     return TurnSyncRolloutEngine(model, tokenizer, retriever, cfg.rollout, **kwargs)
+
+
+@register_engine("vllm")
+def _vllm(cfg: Any, model: Any, tokenizer: Any, retriever: Any, **kwargs: Any) -> RolloutEngine:
+    from searchr1.rollout.vllm import VLLMRolloutEngine
+
+    kwargs.setdefault("topk", cfg.retrieval.topk)
+    return VLLMRolloutEngine(cfg, model, tokenizer, retriever, **kwargs)
 
 
 @register_engine("single_turn")

@@ -96,15 +96,20 @@ def _main(args: argparse.Namespace) -> int:
         return 0
     from searchr1.trainer.loop import RLTrainer, TrainingStopped  # torch
 
+    trainer = None
     try:
-        trainer = RLTrainer(cfg)
-        trainer.setup()
-    except (ValueError, FileNotFoundError) as exc:  # bad data / paths / world size: no traceback
-        raise UserFacingError(str(exc)) from exc
-    try:
-        summary = trainer.train()
-    except TrainingStopped as exc:
-        raise UserFacingError(str(exc)) from exc
+        try:
+            trainer = RLTrainer(cfg)
+            trainer.setup()
+        except (ValueError, FileNotFoundError) as exc:  # bad data / paths / world size: no traceback
+            raise UserFacingError(str(exc)) from exc
+        try:
+            summary = trainer.train()
+        except TrainingStopped as exc:
+            raise UserFacingError(str(exc)) from exc
+    finally:
+        if trainer is not None:
+            trainer.close()  # the rollout engine's threads, a vLLM server
     if trainer.dist.is_main:
         last = summary.get("last", {})
         keys = ("reward/mean", "val/em", "rollout/searches", "actor/kl", "actor/entropy")

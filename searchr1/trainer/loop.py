@@ -227,6 +227,13 @@ class RLTrainer:
             dist=self.dist, out_dir=self.out_dir,
         )  # fmt: skip
 
+    def close(self) -> None:
+        """Release the rollout engine this trainer built (its threads; a vLLM engine's server is stopped).
+        An engine passed in (``engine=``) belongs to the caller and is left open."""
+        engine = getattr(self, "engine", None)
+        if engine is not None and self._injected["engine"] is None and hasattr(engine, "close"):
+            engine.close()
+
     @torch.no_grad()
     def _fsdp_lazy_init(self) -> None:
         """A tiny no-grad forward through the FSDP2 root: sets FSDP up before the rollout's first
@@ -498,7 +505,9 @@ class RLTrainer:
             bf16_autocast=self.cfg.model.bf16_autocast,
             reference_logits_fn=self._reference_logits if self.algo.kl_loss_type != "token" else None,
         )
+        t_weights = time.perf_counter()
         self._hand_weights(step + 1)
+        metrics["timing/weights"] = time.perf_counter() - t_weights
         metrics.update(upd_metrics)
         if skipped:
             self.nonfinite_in_a_row += 1

@@ -15,9 +15,11 @@ import searchr1.bench as bench_pkg
 
 
 def available() -> list[str]:
-    """Benchmark names as typed on the command line (``server-load``)."""
+    """Benchmark names as typed on the command line (``server-load``); ``_name`` modules are shared helpers."""
     return sorted(
-        m.name.replace("_", "-") for m in pkgutil.iter_modules(bench_pkg.__path__) if m.name != "cli"
+        m.name.replace("_", "-")
+        for m in pkgutil.iter_modules(bench_pkg.__path__)
+        if m.name != "cli" and not m.name.startswith("_")
     )
 
 

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from searchr1.bench import BenchResult, format_table
-from searchr1.bench.workload import free_port, sample_corpus
+from searchr1.bench._workload import free_port, sample_corpus
 from searchr1.retrieval.corpus import Document, read_corpus
 from searchr1.retrieval.dense import Encoder, set_search_params
 from searchr1.retrieval.dense_build import DenseIndexSpec, build_from_vectors, read_index

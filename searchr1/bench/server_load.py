@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from searchr1.bench import BenchResult
-from searchr1.bench.workload import free_port, make_corpus, make_queries, sample_corpus, start_server
+from searchr1.bench._workload import free_port, make_corpus, make_queries, sample_corpus, start_server
 
 HOST = "127.0.0.1"
 

@@ -39,6 +39,7 @@ def test_bench_cli_lists_server_load_with_its_options():
     import searchr1.bench.server_load as module
 
     assert "server-load" in available()
+    assert not any(name.startswith("_") or name == "workload" for name in available())  # helpers are no bench
     opts = module_parser("server-load", module).parse_args(["--quick", "--clients", "8"])
     assert opts.quick and opts.clients == 8 and opts.requests == 50 and opts.out_dir == "benchmarks/results"
 

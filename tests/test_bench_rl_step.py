@@ -56,3 +56,17 @@ def test_compute_counter_counts_shared_prefix_once_and_splits_by_grad_mode(tiny_
 def test_rows_use_the_cores_this_process_may_run_on(monkeypatch):
     monkeypatch.setattr(rl_step.os, "sched_getaffinity", lambda pid: {1})
     assert rl_step.default_threads() == 1
+
+
+def test_a_benchmark_without_a_ratio_writes_strict_json(tmp_path, capsys):
+    """A headline with nothing to divide by (``--bm25 off``, ``--rows fast``) is NaN: stored as null."""
+    import json
+
+    from searchr1.bench import BenchResult, report
+
+    result = BenchResult("nan_case", {"rows": ["fast"]}, [{"row": "fast", "step_s": 1.5, "ratio": float("inf")}],
+                         float("nan"), "fast / baseline", extra={"fits": [float("nan"), 2.0]})  # fmt: skip
+    path = report(result, tmp_path)
+    data = json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
+    assert data["headline"] is None and data["fits"] == [None, 2.0]
+    assert data["measurements"] == [{"row": "fast", "step_s": 1.5, "ratio": None}]

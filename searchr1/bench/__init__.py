@@ -8,6 +8,7 @@ A benchmark module defines ``add_arguments(parser)`` (optional) and ``run(args) 
 from __future__ import annotations
 
 import json
+import math
 import platform
 import time
 from dataclasses import dataclass, field
@@ -66,6 +67,18 @@ def report(result: BenchResult, out_dir: str | Path = "benchmarks/results") -> P
         "machine": {"platform": platform.platform(), "python": platform.python_version()},
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
-    path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    path.write_text(json.dumps(strict_json(payload), indent=2, default=str, allow_nan=False) + "\n")
     print(f"wrote {path}")
     return path
+
+
+def strict_json(value: Any) -> Any:
+    """``value`` with every non-finite float (a ratio with nothing measured) as ``None``: strict JSON,
+    which ``NaN`` is not."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    return value

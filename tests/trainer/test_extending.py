@@ -1,4 +1,4 @@
-"""Extending without forking: the plugin module printed in the README's "Extending" section (a reward
+"""Extending without forking: the plugin module printed in docs/extending.md (a reward
 component, an advantage estimator, a search backend and a rollout engine that holds a model of its own)
 is written to a folder outside the package and named in the config; ``searchr1 train``, ``eval`` and
 ``ask`` then use all four by name, each run as a user runs it (a separate process)."""
@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 import rlworld
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "extending.md"
 
 
 def readme_plugin() -> str:
-    """The ``# my_plugin.py`` code block of the README."""
+    """The ``# my_plugin.py`` code block of docs/extending.md."""
     found = re.search(r"```python\n# my_plugin\.py\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
-    assert found, "the README's Extending section shows my_plugin.py"
+    assert found, "docs/extending.md shows my_plugin.py"
     return found.group(1)
 
 

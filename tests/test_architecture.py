@@ -44,13 +44,13 @@ MAY_IMPORT = {
     # errors (vLLM missing, a dead server) are user-facing
     "searchr1.rollout": {
         "searchr1.data", "searchr1.retrieval", "searchr1.rewards", "searchr1.models", "searchr1.precision",
-        "searchr1.registry", "searchr1.errors", "searchr1.threads",
+        "searchr1.registry", "searchr1.errors", "searchr1.threads", "searchr1.modeling",
     },
     "searchr1.rewards": {"searchr1.data", "searchr1.registry"},
     "searchr1.algorithms": {"searchr1.registry"},
     "searchr1.trainer": {
         "searchr1.data", "searchr1.retrieval", "searchr1.rollout", "searchr1.rewards", "searchr1.algorithms",
-        "searchr1.models", "searchr1.precision", "searchr1.errors", "searchr1.threads",
+        "searchr1.models", "searchr1.precision", "searchr1.errors", "searchr1.threads", "searchr1.modeling",
     },
     "searchr1.evaluation": {
         "searchr1.data", "searchr1.retrieval", "searchr1.rollout", "searchr1.rewards",
@@ -69,6 +69,7 @@ MAY_IMPORT = {
     # the Python API (SearchR1Trainer) over the assembled config and the trainer
     "searchr1.api": {"searchr1.config", "searchr1.trainer", "searchr1.algorithms", "searchr1.rewards"},
     "searchr1.models": {"searchr1.errors"},
+    "searchr1.modeling": set(),
     "searchr1.precision": set(),
     "searchr1.threads": set(),
     "searchr1.errors": set(),

@@ -20,6 +20,7 @@ import warnings
 from collections.abc import Sequence
 
 from searchr1.errors import UserFacingError
+from searchr1.memory import keep_freed_memory
 
 # Modules exposing ``register(subparsers)``; heavy imports happen inside their handlers so that
 # ``searchr1 --help`` stays fast.
@@ -92,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     quiet_third_party_warnings()
+    keep_freed_memory()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

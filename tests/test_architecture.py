@@ -70,6 +70,7 @@ MAY_IMPORT = {
     "searchr1.api": {"searchr1.config", "searchr1.trainer", "searchr1.algorithms", "searchr1.rewards"},
     "searchr1.models": {"searchr1.errors"},
     "searchr1.modeling": set(),
+    "searchr1.memory": set(),
     "searchr1.precision": set(),
     "searchr1.threads": set(),
     "searchr1.errors": set(),

@@ -1,8 +1,11 @@
-"""Hugging Face transformers engines: our own batched decoding loop over ``KVBatch``.
+"""Hugging Face transformers engines: our own batched decoding loop over ``SlotBatch`` / ``KVBatch``.
 
 ``HFRolloutEngine`` — the fast one. One KV cache for the whole batch, kept across turns: after a
 turn, only the new tokens (the turn's last token and the observation) are fed, in one forward
-pass, never the whole context. Every row is its own state machine (``Episode``): when a row closes
+pass, never the whole context. Llama-family models (Llama, Qwen2, Mistral) decode through
+``searchr1.rollout.slots.SlotBatch``: the policy's merged weights (LoRA folded in once per update),
+fixed slots, the prompts' shared prefix stored once; other models (and ``rollout.fast_decode=false``)
+through the Hugging Face modules and ``searchr1.rollout.kv.KVBatch``. Every row is its own state machine (``Episode``): when a row closes
 ``</search>``, its query goes to a thread pool and the other rows keep decoding; the row rejoins
 as soon as its hits arrive. When a row finishes, the next prompt takes its slot (continuous
 batching), and the cache is compacted when holes (idle columns) dominate it.
@@ -27,6 +30,7 @@ from typing import Any
 import torch
 
 from searchr1 import threads
+from searchr1.modeling import MergedWeights, merged_weights_for
 from searchr1.models import copy_weights, generation_copy, is_peft_model
 from searchr1.precision import compute_dtype
 from searchr1.retrieval.base import Retriever
@@ -38,12 +42,15 @@ from searchr1.rollout.episode import Episode, EpisodeContext, checked_prompts
 from searchr1.rollout.kv import KVBatch, model_config
 from searchr1.rollout.sampling import SamplingParams, logprob_temperature, row_generators, sample_tokens
 from searchr1.rollout.search import SearchJob, SearchRunner
+from searchr1.rollout.slots import SlotBatch
 from searchr1.rollout.steer import Steer, SteerRow
 from searchr1.rollout.types import Trajectory
 
 
 class _HFEngineBase(RolloutEngine):
     weight_format = "module"  # the trainer's own model object: nothing is copied between processes
+    slot_decoder = False
+    """Decode Llama-family models through ``SlotBatch`` on the policy's merged weights (with fast_decode)."""
 
     def __init__(
         self,
@@ -60,7 +67,9 @@ class _HFEngineBase(RolloutEngine):
         self.tokenizer = tokenizer
         self.retriever = retriever
         self.config = config or RolloutConfig()
-        self.model = self._generation_model(model)
+        self.merged = self._merged_weights(model)
+        """The policy's merged weights when decoding through ``SlotBatch``, else None."""
+        self.model = model if self.merged is not None else self._generation_model(model)
         self.topk = topk
         self.steer = steer
         self.stop = StopDetector(tokenizer, eos_token_ids(tokenizer, model))
@@ -75,6 +84,21 @@ class _HFEngineBase(RolloutEngine):
         )
         self.last_stats: dict[str, float] = {}
         self._on_tokens: TokenListener | None = None
+
+    def _merged_weights(self, model: Any) -> MergedWeights | None:
+        if not (self.slot_decoder and self.config.fast_decode):
+            return None
+        if any(type(p).__name__ == "DTensor" for p in model.parameters()):
+            return None
+        return merged_weights_for(model)
+
+    @property
+    def generation_dtype(self) -> torch.dtype:
+        """The dtype the engine decodes in (``rollout.dtype`` resolved for this device and model)."""
+        if self.merged is None:
+            return next(self.model.parameters()).dtype
+        own = next(self.policy.parameters()).dtype
+        return compute_dtype(self.config.dtype, self.device, own, "rollout.dtype")
 
     def _generation_model(self, model: Any) -> Any:
         """``model`` itself, or a frozen copy of it in the generation dtype (``rollout.dtype``) with any
@@ -113,6 +137,12 @@ class _HFEngineBase(RolloutEngine):
 
         if weights.state_dict is not None:
             self.model.load_state_dict(dict(weights.state_dict), strict=False)
+            if self.merged is not None:
+                self.merged = MergedWeights(self.model)  # frozen weights changed: merge afresh
+        elif weights.module is not None and self.merged is not None:
+            if weights.module is not self.merged.model:
+                self.merged = merged_weights_for(weights.module)
+                self.policy = self.model = weights.module
         elif weights.module is not None and self.owns_copy:
             copy_weights(weights.module, self.model)
 
@@ -171,7 +201,8 @@ class _HFEngineBase(RolloutEngine):
         self.model.eval()
         self._on_tokens = on_tokens
         try:
-            fast = decode_attention_for(self.model) if self.config.fast_decode else contextlib.nullcontext()
+            hf_modules = self.config.fast_decode and self.merged is None
+            fast = decode_attention_for(self.model) if hf_modules else contextlib.nullcontext()
             with torch.no_grad(), fast:
                 return self._generate(prompt_ids, metas, sampling, seed)
         finally:
@@ -191,6 +222,8 @@ class _HFEngineBase(RolloutEngine):
 class HFRolloutEngine(_HFEngineBase):
     """KV cache kept across turns, asynchronous search, continuous batching (module docstring)."""
 
+    slot_decoder = True
+
     def _generate(
         self,
         prompt_ids: Sequence[Sequence[int]],
@@ -206,7 +239,11 @@ class HFRolloutEngine(_HFEngineBase):
         generators = row_generators(seed, n, self.device)
         episodes: list[Episode | None] = [None] * n
         queue = deque(range(n))
-        kv = KVBatch(self.model, min(self.config.max_batch_rows, n), self.pad_id, fast=self.config.fast_decode)
+        n_slots = min(self.config.max_batch_rows, n)
+        if self.merged is not None:
+            kv: KVBatch | SlotBatch = SlotBatch(self.merged, n_slots, self.generation_dtype, prompts)
+        else:
+            kv = KVBatch(self.model, n_slots, self.pad_id, fast=self.config.fast_decode)
         slot_episode: list[int | None] = [None] * kv.n_slots
         waiting: set[int] = set()
         jobs: list[SearchJob] = []
@@ -264,8 +301,7 @@ class HFRolloutEngine(_HFEngineBase):
                 waiting.update(owners)
             # 4. keep the cache small: drop finished slots once nothing is queued, squeeze out holes
             slots_live = [s for s in range(kv.n_slots) if live(s) is not None]
-            shrink = not queue and len(slots_live) <= kv.n_slots // 2
-            if kv.can_compact() and (shrink or kv.waste() > max(64, max(kv.n_real) // 2)):
+            if kv.should_compact(slots_live, queue_empty=not queue):
                 keep = slots_live if not queue else list(range(kv.n_slots))
                 if keep:
                     kv.compact(keep)

@@ -406,6 +406,12 @@ class KVBatch:
             return False
         return all(type(layer) in (GrowingLayer, DynamicLayer) for layer in layers)
 
+    def should_compact(self, live: list[int], queue_empty: bool) -> bool:
+        """Compact now (to ``live`` when nothing is queued, else in place): when half the slots are done and
+        nothing waits for them, or when holes dominate the cache."""
+        shrink = queue_empty and len(live) <= self.n_slots // 2
+        return self.can_compact() and (shrink or self.waste() > max(64, max(self.n_real) // 2))
+
     def waste(self) -> int:
         """Cache columns beyond what the longest stream needs."""
         return self.length - max(self.n_real, default=0)

@@ -132,14 +132,21 @@ def test_generation_copy_merges_lora(tiny):
 
 @pytest.mark.parametrize("dtype, owns", [("model", False), ("float32", False), ("bfloat16", True)])
 def test_engine_generates_with_a_copy_only_when_needed(tiny, dtype, owns, monkeypatch):
+    """The Hugging Face modules' path (the reference engine, and fast_decode=false) copies the model only for
+    another dtype; the slot decoder never copies it (it runs the policy's merged weights in that dtype)."""
     from searchr1 import precision
     from searchr1.rollout.config import RolloutConfig
-    from searchr1.rollout.hf import HFRolloutEngine
+    from searchr1.rollout.hf import HFRolloutEngine, TurnSyncRolloutEngine
 
     monkeypatch.setattr(precision, "cpu_has_fast_bf16", lambda: True)
     model, tok = tiny
-    eng = HFRolloutEngine(model, tok, retriever=None, config=RolloutConfig(dtype=dtype))
+    eng = TurnSyncRolloutEngine(model, tok, retriever=None, config=RolloutConfig(dtype=dtype))
     assert eng.owns_copy == owns and (eng.model is model) == (not owns)
+    eng = HFRolloutEngine(model, tok, retriever=None, config=RolloutConfig(dtype=dtype, fast_decode=False))
+    assert eng.owns_copy == owns and eng.merged is None
+    eng = HFRolloutEngine(model, tok, retriever=None, config=RolloutConfig(dtype=dtype))
+    assert not eng.owns_copy and eng.model is model and eng.merged is not None
+    assert eng.generation_dtype == (torch.bfloat16 if owns else torch.float32)
 
 
 def test_bfloat16_without_hardware_support_warns_once_and_falls_back(monkeypatch, capsys):

@@ -236,9 +236,13 @@ class SlotBatch:
         return True
 
     def should_compact(self, live: list[int], queue_empty: bool) -> bool:
-        """Move the live slots to the front once nothing is queued: decode attention runs over the slots up
-        to the last live one, so idle slots below it cost time (a move copies only the moved slots)."""
-        return queue_empty and live != list(range(len(live)))
+        """Move the live slots to the front once nothing is queued and a quarter of the slots up to the last
+        live one (at least 4) are idle: decode attention runs over all of those slots, a move copies the
+        moved slots' columns in every layer."""
+        if not queue_empty or not live:
+            return False
+        width = live[-1] + 1
+        return width - len(live) >= max(4, width // 4)
 
     @torch.no_grad()
     def compact(self, keep: list[int] | None = None) -> list[int]:
@@ -359,7 +363,7 @@ class SlotBatch:
         r, kv_heads, m, d = q.shape
         flat = q.transpose(0, 1).reshape(kv_heads, r * m, d)
         scores = torch.matmul(flat, self.prefix_keys[i].transpose(1, 2))
-        return scores.view(kv_heads, r, m, self.prefix_len).transpose(0, 1).float()
+        return scores.view(kv_heads, r, m, self.prefix_len).transpose(0, 1)
 
     def _prefix_output(self, i: int, probs: torch.Tensor) -> torch.Tensor:
         """``probs [R, K, m, P] -> [R, K, m, d]``: the prefix's share of the attention output."""
@@ -369,16 +373,17 @@ class SlotBatch:
         return out.view(kv_heads, r, m, self.head_dim).transpose(0, 1)
 
     def _attention(
-        self, i: int, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
+        self, i: int, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, hidden: torch.Tensor
     ) -> torch.Tensor:
-        """``q [R, K, m, d]`` against the shared prefix and the rows' own ``keys / values [R, K, L, d]`` with the
-        additive ``mask`` (broadcast to ``[R, K, m, L]``); returns ``[R, K, m, d]``."""
-        own = torch.matmul(q, keys.transpose(-1, -2)).float() + mask
+        """``q [R, K, m, d]`` against the shared prefix and the rows' own ``keys / values [R, K, L, d]``, where
+        ``hidden`` (boolean, broadcast to ``[R, K, m, L]``) marks the keys a query must not see; returns
+        ``[R, K, m, d]``. The scores come out of the products in the generation dtype; the softmax computes
+        in float32 and rounds its result to that dtype (PyTorch's CPU kernel), as a float32 copy of the
+        scores would (without the extra passes over them)."""
+        own = torch.matmul(q, keys.transpose(-1, -2)).masked_fill_(hidden, float("-inf"))
         if not self.prefix_len:
-            probs = torch.softmax(own, dim=-1).to(self.dtype)
-            return torch.matmul(probs, values)
-        scores = torch.cat([self._prefix_scores(i, q), own], dim=-1)
-        probs = torch.softmax(scores, dim=-1).to(self.dtype)
+            return torch.matmul(torch.softmax(own, dim=-1), values)
+        probs = torch.softmax(torch.cat([self._prefix_scores(i, q), own], dim=-1), dim=-1)
         p = self.prefix_len
         return torch.matmul(probs[..., p:], values) + self._prefix_output(i, probs[..., :p])
 
@@ -434,8 +439,7 @@ class SlotBatch:
         visible = (
             torch.arange(span, device=self.device)[None] < torch.tensor(lengths, device=self.device)[:, None]
         )
-        mask = torch.zeros(width, 1, 1, span, device=self.device)
-        mask.masked_fill_(~visible[:, None, None], float("-inf"))
+        hidden = ~visible[:, None, None]
         idx = torch.tensor(slots, device=self.device)
         every = m == width
         kv_heads, g, d = self.kv_heads, self.group, self.head_dim
@@ -447,7 +451,7 @@ class SlotBatch:
                 full[idx] = q4
                 q4 = full
             keys, values = self.keys[i][:width], self.values[i][:width]  # contiguous: no copy in the products
-            out = self._attention(i, q4, keys, values, mask)
+            out = self._attention(i, q4, keys, values, hidden)
             if not every:
                 out = out[idx]
             return out.reshape(m, self.heads * d)
@@ -468,10 +472,9 @@ class SlotBatch:
             torch.tensor(starts, device=self.device)[:, None] + torch.arange(width, device=self.device)[None]
         )
         visible = torch.arange(span, device=self.device)[None, None] <= col[:, :, None]  # [R, T, L]
-        mask = torch.zeros(r, 1, width, span, device=self.device)
-        mask.masked_fill_(~visible[:, None], float("-inf"))
+        hidden = ~visible[:, None]
         if self.group > 1:
-            mask = mask.repeat(1, 1, self.group, 1)  # queries are ordered (group, position)
+            hidden = hidden.repeat(1, 1, self.group, 1)  # queries are ordered (group, position)
         real = torch.tensor(
             [row * width + j for row, n in enumerate(lens) for j in range(n)], device=self.device
         )
@@ -491,7 +494,7 @@ class SlotBatch:
                 keys, values = self.keys[i][one], self.values[i][one]
             else:
                 keys, values = self.keys[i].index_select(0, idx), self.values[i].index_select(0, idx)
-            out = self._attention(i, q4, keys, values, mask)
+            out = self._attention(i, q4, keys, values, hidden)
             out = out.view(r, kv_heads, g, width, d).permute(0, 3, 1, 2, 4).reshape(r * width, self.heads * d)
             return out[real]
 

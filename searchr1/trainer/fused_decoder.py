@@ -16,7 +16,7 @@ and gradients equal (up to float rounding; tested against the Hugging Face path 
 * **Fused projections.** Q, K and V are one product (their weights stacked), and so are gate and up.
 * **Matmul attention.** The queries of the key/value heads they share (grouped-query attention) are
   stacked into one product per head group, ``S = Q K^T / sqrt(d) + M``, ``P = softmax(S)``, ``O = P V``,
-  with one causal mask ``M`` for the whole micro-batch: rows are right-padded, so every real token sits
+  with one causal mask ``M`` for the whole micro-batch (``grouped_attention``): rows are right-padded, so every real token sits
   at the same position as in its unpadded sequence, and padding (after the real tokens) is attended by
   no real token. PyTorch's CPU flash-attention backward with a padding mask ran at ~25 GFLOP/s here.
 * **The shared prompt prefix once per optimizer step.** The ``p`` tokens that every row of the
@@ -28,7 +28,8 @@ and gradients equal (up to float rounding; tested against the Hugging Face path 
 
 Numerics follow Hugging Face's modules under bfloat16 autocast: the residual stream and the norms in
 float32, products in the compute dtype (bfloat16 where the CPU has bf16 units and autocast is on,
-otherwise the weights' dtype), rotary embedding in float32, softmax in float32.
+otherwise the weights' dtype), rotary embedding in float32, softmax computed in float32 on the product's
+scores (as Hugging Face's eager attention does).
 """
 
 from __future__ import annotations
@@ -103,21 +104,25 @@ def plan_linear(x: torch.Tensor, plan: LinearPlan) -> torch.Tensor:
 
 
 def causal_mask(queries: int, prefix: int, device: torch.device | None = None) -> torch.Tensor:
-    """``[queries, prefix + queries]`` additive float32 mask: query ``i`` sees keys ``0 .. prefix + i``."""
+    """``[queries, prefix + queries]`` boolean mask of the keys each query must NOT see: query ``i`` sees keys
+    ``0 .. prefix + i``."""
     keys = torch.arange(prefix + queries, device=device)
-    allowed = keys[None, :] <= (prefix + torch.arange(queries, device=device))[:, None]
-    return torch.zeros(allowed.shape, device=device).masked_fill_(~allowed, float("-inf"))
+    return keys[None, :] > (prefix + torch.arange(queries, device=device))[:, None]
 
 
-def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``softmax(q k^T + mask) v`` with grouped-query heads: ``q [b, H, t, d]`` (already scaled),
-    ``k, v [b, K, L, d]``, ``mask [t, L]``; returns ``[b, t, H d]``. Scores and softmax in float32."""
+def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    """``softmax(q k^T, keys in hidden masked) v`` with grouped-query heads: ``q [b, H, t, d]`` (already
+    scaled), ``k, v [b, K, L, d]``, ``hidden [t, L]`` (boolean); returns ``[b, t, H d]``. The scores come out
+    of the product in the compute dtype; the softmax (and its backward) computes in float32 inside PyTorch's
+    CPU kernel and rounds to that dtype. Measured (4 rows x 292 queries over 531 keys, bfloat16, forward and
+    backward): 26 ms against 31 ms with a float32 copy of the scores, gradients within 0.4% (bfloat16's
+    rounding)."""
     b, heads, t, d = q.shape
     kv_heads, length = k.shape[1], k.shape[2]
     group = heads // kv_heads
     scores = torch.matmul(q.reshape(b, kv_heads, group * t, d), k.transpose(-1, -2))
-    scores = scores.view(b, kv_heads, group, t, length).float() + mask
-    probs = torch.softmax(scores, dim=-1).to(v.dtype).view(b, kv_heads, group * t, length)
+    scores = scores.view(b, kv_heads, group, t, length).masked_fill(hidden, float("-inf"))
+    probs = torch.softmax(scores, dim=-1).view(b, kv_heads, group * t, length)
     out = torch.matmul(probs, v)  # [b, K, group * t, d]
     return out.view(b, heads, t, d).transpose(1, 2).reshape(b, t, heads * d)
 

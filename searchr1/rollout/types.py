@@ -44,6 +44,9 @@ class Trajectory:
     queries: list[str] = field(default_factory=list)
     documents: list[list[dict[str, Any]]] = field(default_factory=list)
     """Per search, the hits returned (``Hit.to_dict()``)."""
+    search_spans: list[list[int]] = field(default_factory=list)
+    """Per search, ``[start, end)`` of its turn's generated tokens in ``response_ids`` (the tokens a
+    step reward reaches; ``searchr1.rewards.steps``)."""
     response_text: str = ""
     """Decoded response for display and answer extraction (never re-encoded for training)."""
     timing: dict[str, float] = field(default_factory=dict)

@@ -30,8 +30,6 @@ from typing import Any
 from searchr1.data.supporting import title_key
 from searchr1.rewards.config import RewardConfig
 from searchr1.rewards.text import normalizer
-from searchr1.rollout.actions import parse_action
-from searchr1.rollout.types import Role, Trajectory
 
 ANSWER_UNIT = "answer"
 
@@ -103,40 +101,13 @@ def _covers(hit: Mapping[str, Any], kind: str, golden: Sequence[str], norm: Call
     return {ANSWER_UNIT} if any(norm(g) and f" {norm(g)} " in info for g in golden) else set()
 
 
-def search_turn_spans(
-    traj: Trajectory, decode: Callable[[list[int]], str] | None = None
-) -> list[tuple[int, int] | None]:
-    """``[start, end)`` of each executed search's turn in ``response_ids``: ``traj.search_spans`` as the
-    rollout recorded them; for a trajectory without them (an engine that does not record them), the
-    runs of generated tokens whose text parses as a search, the first ``len(documents)`` of them (a
-    search that was not executed is always the last turn)."""
-    searches = len(traj.documents)
-    if len(traj.search_spans) == searches:
-        return [(int(a), int(b)) for a, b in traj.search_spans]
-    spans: list[tuple[int, int] | None] = []
-    if decode is not None:
-        start = None
-        runs = []
-        for i, role in enumerate([*traj.roles, None]):
-            if role == Role.GENERATED and start is None:
-                start = i
-            elif role != Role.GENERATED and start is not None:
-                runs.append((start, i))
-                start = None
-        for a, b in runs:
-            if parse_action(decode(traj.response_ids[a:b])).kind == "search":
-                spans.append((a, b))
-    spans = spans[:searches]
-    return spans + [None] * (searches - len(spans))
-
-
-def step_credit(
-    traj: Trajectory, cfg: RewardConfig, decode: Callable[[list[int]], str] | None = None
-) -> StepCredit:
-    """The step reward of each executed search of ``traj`` (see the module docstring)."""
+def step_credit(traj: Any, cfg: RewardConfig, decode: Callable[[list[int]], str] | None = None) -> StepCredit:
+    """The step reward of each executed search of ``traj`` (a ``searchr1.rollout.types.Trajectory``;
+    see the module docstring). ``decode`` finds the turns of a trajectory whose rollout did not record
+    them (``Trajectory.search_turns``)."""
     meta = traj.meta or {}
     kind, gold = gold_units(meta, cfg.step_gold)
-    spans = search_turn_spans(traj, decode)
+    spans = traj.search_turns(decode)
     if not kind:
         return StepCredit([SearchTurn(span) for span in spans], "")
     golden = [str(g) for g in meta.get("golden_answers") or []]

@@ -194,8 +194,8 @@ class ReplayConfig:
     """Fresh trajectories of a group without a success replaced by stored successes of its question (the group's last ones; at most rollout.n - 1)."""
     max_share: float = 0.25
     """At most this share of a step's trajectories are replayed (the groups first in the batch get theirs); `replay/share` logs the share used."""
-    keep_per_question: int = 2
-    """Successes kept per question (the newest; the newest is replayed first)."""
+    keep_per_question: int = 1
+    """Successes kept per question (the newest; the newest is replayed first). The buffer holds about 25 bytes a token of each kept trajectory (ids, roles, sampling log-probs) plus its text and hits."""
     max_age: int = 0
     """A stored success older than this many steps is no longer replayed, and dropped (0 = no limit)."""
 

@@ -986,4 +986,6 @@ class RLTrainer:
                 }
                 record = trajectory_record(traj, sample, self.tokenizer, mode="train")
                 record.update(step=self.step, id=f"step {self.step}: {sample['id']}")
+                if is_replayed(traj):  # a stored success of an earlier step (replay.enabled)
+                    record.update(replayed=True, replayed_from_step=traj.meta.get("replayed_from_step"))
                 fh.write(json.dumps(record, default=str) + "\n")

@@ -31,12 +31,25 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from array import array
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from searchr1.rollout.types import Trajectory
+
+_PACKED = {"prompt_ids": "q", "response_ids": "q", "roles": "b", "logprobs": "d"}
+"""Per-token fields kept as typed arrays in the buffer (8, 8, 1 and 8 bytes a token instead of ~30 for
+a Python number in a list); ``d`` keeps every stored log-prob exactly."""
+
+
+def _packed(traj: Trajectory) -> Trajectory:
+    return dataclasses.replace(traj, **{k: array(code, getattr(traj, k)) for k, code in _PACKED.items()})
+
+
+def _unpacked(traj: Trajectory) -> Trajectory:
+    return dataclasses.replace(traj, **{k: list(getattr(traj, k)) for k in _PACKED})
 
 
 def question_of(traj: Trajectory) -> int:
@@ -59,7 +72,7 @@ class ReplayBuffer:
     def add(self, question: int, traj: Trajectory, step: int) -> None:
         """Keep ``traj`` (a fresh success of ``step``) for ``question``; the oldest ones beyond
         ``keep_per_question`` are dropped."""
-        kept = copy.deepcopy(traj)
+        kept = _packed(copy.deepcopy(traj))
         kept.timing = {}
         kept.meta = {k: v for k, v in kept.meta.items() if k not in ("replayed", "replayed_from_step")}
         entries = self.store.setdefault(question, [])
@@ -76,8 +89,9 @@ class ReplayBuffer:
                 del self.store[q]
 
     def take(self, question: int, k: int) -> list[tuple[int, Trajectory]]:
-        """Up to ``k`` stored successes of ``question``, newest first (they stay stored)."""
-        return list(reversed(self.store.get(question, [])))[:k]
+        """Up to ``k`` stored successes of ``question``, newest first, as new ``Trajectory`` objects
+        (they stay stored)."""
+        return [(s, _unpacked(copy.deepcopy(t))) for s, t in reversed(self.store.get(question, []))][:k]
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -116,8 +130,7 @@ def mix_replay(
         if any(totals[r] >= cfg.min_reward for r in rows):
             continue
         stored = buffer.take(question_of(out[rows[0]]), min(cfg.per_group, len(rows) - 1, budget))
-        for row, (from_step, traj) in zip(rows[len(rows) - len(stored) :], stored, strict=True):
-            copy_ = copy.deepcopy(traj)
+        for row, (from_step, copy_) in zip(rows[len(rows) - len(stored) :], stored, strict=True):
             slot = out[row].meta
             copy_.meta = {
                 **copy_.meta,

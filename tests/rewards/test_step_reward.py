@@ -9,7 +9,7 @@ from searchr1.data.formats import Sample, sample_meta
 from searchr1.data.supporting import supporting_passages
 from searchr1.data.synth import SynthConfig, generate_world
 from searchr1.rewards.config import RewardConfig
-from searchr1.rewards.steps import search_turn_spans, step_credit, step_metrics
+from searchr1.rewards.steps import step_credit, step_metrics
 from searchr1.rollout.types import Role, Trajectory
 
 GEN, OBS = int(Role.GENERATED), int(Role.OBSERVATION)
@@ -140,11 +140,11 @@ def test_titles_are_matched_whatever_the_case_and_quotes_and_hits_without_ids_by
 
 def test_spans_are_found_from_the_tokens_when_the_rollout_did_not_record_them():
     traj = scripted([[hit("7", "A")], [hit("8", "B")]], {"supporting_ids": ["8"], "golden_answers": ["x"]})
-    recorded = search_turn_spans(traj)
+    recorded = traj.search_turns()
     traj.search_spans = []
-    assert search_turn_spans(traj, decode) == recorded == [(0, 4), (7, 11)]
+    assert traj.search_turns(decode) == recorded == [(0, 4), (7, 11)]
     assert [t.reward for t in step_credit(traj, CFG, decode).turns] == pytest.approx([0.0, 0.6])
-    assert search_turn_spans(traj) == [None, None]  # no decode, no record: the tokens are unknown
+    assert traj.search_turns() == [None, None]  # no decode, no record: the tokens are unknown
 
 
 def test_off_by_default_and_bad_settings_name_the_key():

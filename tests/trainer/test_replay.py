@@ -38,7 +38,8 @@ def test_buffer_keeps_the_newest_successes_and_survives_a_round_trip(tmp_path):
     buf.add(8, traj(8, 20), 2)
     assert len(buf) == 2
     assert [(s, t.response_ids[0]) for s, t in buf.take(7, 5)] == [(4, 14), (2, 12)]  # newest first, 2 kept
-    assert buf.take(7, 1)[0][1].timing == {}
+    newest = buf.take(7, 1)[0][1]
+    assert newest.timing == {} and type(newest.logprobs) is list and type(newest.response_ids) is list
     torch.save(buf.state_dict(), tmp_path / "state.pt")
     again = ReplayBuffer(2, 3)
     again.load_state_dict(torch.load(tmp_path / "state.pt", weights_only=False))

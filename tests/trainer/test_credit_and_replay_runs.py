@@ -48,20 +48,27 @@ class ByQueryText(Retriever):
         return out
 
 
-def test_step_advantage_lands_on_the_search_turns_tokens(tmp_path, tiny_model_dir):
-    world = _world_with_gold(tmp_path / "world")
-    coef = 0.5
-    cfg = rlworld.load(world, tiny_model_dir, tmp_path / "run", rollout__n=4, trainer__total_steps=1,
-                       rollout__max_response_tokens=200, reward__step_gain=1.0, reward__step_gold="supporting",
-                       algorithm__step_credit_coef=coef, reward__components={"rlworld:token_set_reward": 1.0},
-                       trainer__on_policy_logprobs=False)  # fmt: skip
+def _searching_trainer(world: dict[str, Path], model_dir: Path, out: Path, **extra) -> RLTrainer:
+    """Every trajectory searches once (the ForceSearch steer), step rewards on (gain 1)."""
     from searchr1.models import load_model, load_tokenizer
     from searchr1.rollout.registry import build_engine
 
+    cfg = rlworld.load(world, model_dir, out, trainer__total_steps=1, rollout__max_response_tokens=200,
+                       reward__step_gain=1.0, reward__step_gold="supporting",
+                       reward__components={"rlworld:token_set_reward": 1.0}, **extra)  # fmt: skip
     tokenizer, model, retriever = load_tokenizer(cfg.model.path), load_model(cfg.model.path), ByQueryText()
     engine = build_engine(cfg, model, tokenizer, retriever, steer=rlworld.ForceSearch(tokenizer))
     trainer = RLTrainer(cfg, model=model, tokenizer=tokenizer, retriever=retriever, engine=engine)
     trainer.setup()
+    return trainer
+
+
+def test_step_advantage_lands_on_the_search_turns_tokens(tmp_path, tiny_model_dir):
+    world = _world_with_gold(tmp_path / "world")
+    coef = 0.5
+    trainer = _searching_trainer(world, tiny_model_dir, tmp_path / "run", rollout__n=4,
+                                 algorithm__step_credit_coef=coef, trainer__on_policy_logprobs=False)  # fmt: skip
+    cfg = trainer.cfg
     trajs, groups, _ = trainer.rollout(trainer.sampler.next_batch(), 0)
     exp, metrics = trainer.make_experience(trajs, groups)
     outcome, _ = compute_advantages(exp.scores, exp.train_mask, cfg.algorithm, group_ids=exp.group_ids)
@@ -94,6 +101,30 @@ def test_step_advantage_lands_on_the_search_turns_tokens(tmp_path, tiny_model_di
     assert metrics["step/scored_share"] == 1.0 and metrics["step/redundant_share"] == 0.0
     mean = sum(c.turns[0].reward for c in credits) / len(credits)
     assert metrics["step/reward_mean"] == pytest.approx(mean)
+    trainer.close()
+
+
+def test_gae_returns_carry_the_step_reward_up_to_the_end_of_its_turn(tmp_path, tiny_model_dir):
+    """PPO: with gamma = lambda = 1 the critic's target R_t is the sum of the rewards from t on: the
+    outcome plus c * s on the tokens up to the search turn's last one, the outcome alone after it."""
+    world = _world_with_gold(tmp_path / "world")
+    coef = 2.0
+    trainer = _searching_trainer(world, tiny_model_dir, tmp_path / "run", rollout__n=1, trainer__batch_size=8,
+                                 trainer__mini_batch_size=8, algorithm__advantage="gae",
+                                 algorithm__use_kl_loss=False, algorithm__step_credit_coef=coef)  # fmt: skip
+    trajs, groups, _ = trainer.rollout(trainer.sampler.next_batch(), 0)
+    exp, _ = trainer.make_experience(trajs, groups)
+    credits = [step_credit(t, trainer.cfg.reward, trainer._decode) for t in trajs]
+    assert any(c.turns[0].reward for c in credits) and not all(c.turns[0].reward for c in credits)
+    for row, (traj, credit) in enumerate(zip(trajs, credits, strict=True)):
+        p = len(traj.prompt_ids)
+        _, end = traj.search_spans[0]
+        mask = exp.train_mask[row]
+        positions = torch.nonzero(mask).flatten()
+        score, s = float(exp.scores[row]), credit.turns[0].reward
+        for t in positions.tolist():
+            want = score + coef * s if t < p + end else score
+            assert float(exp.returns[row, t]) == pytest.approx(want, abs=1e-5), (row, t)
     trainer.close()
 
 

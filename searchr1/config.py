@@ -28,7 +28,7 @@ from searchr1.plugins import PluginError, check_names, check_traits, import_plug
 from searchr1.retrieval.config import RetrievalConfig
 from searchr1.rewards.config import RewardConfig
 from searchr1.rollout.config import RolloutConfig
-from searchr1.trainer.config import ModelConfig, TrainerConfig
+from searchr1.trainer.config import ModelConfig, ReplayConfig, TrainerConfig
 
 T = TypeVar("T")
 
@@ -63,6 +63,8 @@ class SearchR1Config:
     """Advantage estimator, policy loss, KL, loss aggregation, reference policy."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     """Optimisation, batching, checkpoints, logging, validation."""
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    """Replay of successful trajectories into groups that found none (off by default)."""
     seed: int = 0
     """Seed for every random number generator of the run."""
 

@@ -131,7 +131,7 @@ def _need_groups(group_ids: GroupIds | None, name: str, scores: Tensor) -> Tenso
 # ---------------------------------------------------------------------------------------------
 
 
-@register_advantage("gae", needs_critic=True)
+@register_advantage("gae", needs_critic=True, token_level=True)
 @torch.no_grad()
 def gae(
     rewards: Tensor,
@@ -274,7 +274,7 @@ def reinforce(
     return _broadcast(scores - baseline, response_mask), _broadcast(scores, response_mask)
 
 
-@register_advantage("reinforce_plus_plus", "reinforce++")
+@register_advantage("reinforce_plus_plus", "reinforce++", token_level=True)
 @torch.no_grad()
 def reinforce_plus_plus(
     rewards: Tensor,

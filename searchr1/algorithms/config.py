@@ -26,6 +26,8 @@ class AlgorithmConfig:
     """grpo: divide by the group std (false = Dr. GRPO, Liu et al. 2025: reward minus group mean only)."""
     adv_eps: float = 1e-6
     """Epsilon added to the group std in grpo (avoids division by zero)."""
+    step_credit_coef: float = 1.0
+    """Weight c of the step rewards (reward.step_gain / reward.step_redundancy, off by default): outcome estimators (grpo, ...) add c x the step advantage (the step rewards normalised over the group's search turns) to each search turn's tokens; token-level ones (gae, reinforce_plus_plus) add c x the step reward to the token rewards at the turn's last token (searchr1.algorithms.step_credit)."""
     reinforce_baseline: Literal["none", "batch_mean", "running_mean"] = "none"
     """reinforce: baseline subtracted from the reward (running_mean = EMA over previous batches)."""
     reinforce_baseline_momentum: float = 0.9
@@ -95,6 +97,7 @@ class AlgorithmConfig:
             ("gamma", 0.0 <= self.gamma <= 1.0, "must be in [0, 1]"),
             ("lam", 0.0 <= self.lam <= 1.0, "must be in [0, 1]"),
             ("adv_eps", self.adv_eps >= 0.0, "must be >= 0"),
+            ("step_credit_coef", 0.0 <= self.step_credit_coef < float("inf"), "must be a finite number >= 0"),
             (
                 "reinforce_baseline_momentum",
                 0.0 <= self.reinforce_baseline_momentum < 1.0,

@@ -15,6 +15,7 @@ What the rest of the code must know about an estimator is said where it is regis
 
     @register_advantage("my_critic_estimator", needs_critic=True)     # the trainer builds a critic
     @register_advantage("my_group_estimator", min_group_size=2)       # config: rollout.n >= 2
+    @register_advantage("my_token_estimator", token_level=True)       # step rewards as token rewards
 
 Each registry is a ``searchr1.registry.Registry``; the built-in functions live in modules that import
 torch, imported on the registry's first use, so this module stays light.
@@ -40,6 +41,10 @@ class AdvantageTraits:
     config section (grpo needs 2 only when it divides by the group's std)."""
     group_size_reason: str = ""
     """Why (ends the config error when ``rollout.n`` is too small)."""
+    token_level: bool = False
+    """It reads token-level rewards (credit flows back through the tokens, as in GAE): a search turn's
+    step reward is added to the token rewards at the turn's last token; otherwise the trainer adds a
+    group-normalised step advantage on the turn's tokens (``searchr1.algorithms.step_credit``)."""
 
     def group_size_needed(self, algorithm: Any) -> int:
         """``min_group_size`` for this ``algorithm`` section."""

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from searchr1.data.prompts import build_prompt, prompt_messages, render_messages, resolve_template
+from searchr1.data.supporting import supporting_meta
 
 BENCHMARK_SOURCES = ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
 """The seven QA benchmarks of the Search-R1 paper (names as in FlashRAG_datasets)."""
@@ -77,7 +78,8 @@ class Sample:
         return render_messages(self.messages(template), template, tokenizer)
 
     def meta(self) -> dict[str, Any]:
-        """What the rollout carries in ``Trajectory.meta`` (the reward reads ``golden_answers``)."""
+        """What the rollout carries in ``Trajectory.meta`` (the reward reads ``golden_answers``; the step
+        reward the gold passages, ``supporting_ids`` / ``supporting_titles``, where the row names them)."""
         return {
             "id": self.id,
             "question": self.question,
@@ -86,6 +88,7 @@ class Sample:
             "group_index": self.group_index,
             "index": self.group_index,
             "split": self.split,
+            **supporting_meta(self.metadata, self.data_source),
         }
 
     def to_flashrag(self) -> dict[str, Any]:
@@ -365,7 +368,8 @@ def load_hub_dataset(
 
 def sample_meta(sample: Sample | Mapping[str, Any], index: int) -> dict[str, Any]:
     """What travels with a trajectory (``Trajectory.meta``) for a ``Sample`` or a FlashRAG-style dict:
-    question, golden answers, source, ids, and ``sample_index`` (its position in the training data)."""
+    question, golden answers, source, ids, the gold passages where the row names them
+    (``searchr1.data.supporting``), and ``sample_index`` (its position in the training data)."""
     if isinstance(sample, Sample):
         meta = sample.meta()
     else:
@@ -374,6 +378,7 @@ def sample_meta(sample: Sample | Mapping[str, Any], index: int) -> dict[str, Any
             "question": sample.get("question", ""),
             "golden_answers": list(sample.get("golden_answers", []) or []),
             "data_source": sample.get("data_source"),
+            **supporting_meta(sample.get("metadata"), str(sample.get("data_source") or "")),
         }
     meta["data_source"] = meta.get("data_source") or "default"
     meta["sample_index"] = index

@@ -6,7 +6,10 @@ from memory; it must search. The generator writes
 * ``corpus.jsonl``  wiki-18 form ``{"id", "contents": "\\"Title\\"\\ntext"}``, one or more passages per
   entity, with distractor entities that share a name part with another entity;
 * ``train.jsonl`` / ``val.jsonl`` / ``test.jsonl`` in FlashRAG form ``{"id", "question",
-  "golden_answers", "metadata": {"type", "hops", "data_source": "synth", "relation"}}``.
+  "golden_answers", "metadata": {"type", "hops", "data_source": "synth", "relation",
+  "supporting_titles", "supporting_ids"}}``: the gold supporting passages are each hop entity's
+  first passage (the one holding the hop's fact), by title and by corpus id (the step reward reads
+  them: ``searchr1.data.supporting``).
 
 Question kinds (short questions, 1-3 word answers, the entity name is a good BM25 query):
 
@@ -508,12 +511,19 @@ def generate_world(cfg: SynthConfig | None = None) -> World:
     random.Random(cfg.seed + 1).shuffle(order)
     text_rng = random.Random(cfg.seed + 2)
     career = _career(ents)
+    fact_passage: dict[str, str] = {}  # entity -> id of its first passage, the one with its facts
     for name in order:
         for text in _entity_passages(ents[name], career, cfg, text_rng):
+            fact_passage.setdefault(name, str(len(corpus)))
             corpus.append({"id": str(len(corpus)), "contents": f'"{name}"\n{text}'})
 
     q_rng = random.Random(cfg.seed + 3)
     candidates = _candidate_questions(ents, q_rng)
+    for items in candidates.values():
+        for q in items:
+            hops = q["metadata"]["hops"]
+            q["metadata"]["supporting_titles"] = list(hops)
+            q["metadata"]["supporting_ids"] = [fact_passage[h] for h in hops]
     pool = _split_entities(ents, cfg, q_rng)
     per_split: dict[str, dict[str, list[dict[str, Any]]]] = {s: {} for s in SPLITS}
     for qtype, items in candidates.items():

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 # Names accepted by ``RewardConfig.from_simple`` besides the component names themselves.
 SIMPLE_ALIASES = {
@@ -38,6 +38,12 @@ class RewardConfig:
     """`search_r1` component: added to a valid-structure wrong answer when a golden answer was retrieved."""
     search_budget: int = 3
     """Searches allowed before the `search_budget` component counts each further one."""
+    step_gain: float = 0.0
+    """Step reward (StepSearch, arXiv 2505.15107) of a search turn that retrieves gold passages no earlier turn of the trajectory retrieved: step_gain x (such passages / the question's gold passages); it reaches the turn's own tokens (algorithm.step_credit_coef). 0 = off (Search-R1's outcome reward alone)."""
+    step_redundancy: float = 0.0
+    """Step penalty of a search turn whose hits were all retrieved by earlier turns of the trajectory (the turn earns -step_redundancy). 0 = off."""
+    step_gold: Literal["supporting", "supporting_or_answer", "answer"] = "supporting_or_answer"
+    """Gold passages of the step reward: supporting (the row's supporting ids / titles; a row without them gets no step reward) | supporting_or_answer (else a passage holding a golden answer) | answer (always a passage holding a golden answer)."""
     embedding_model: str | None = None
     """Sentence-transformers folder for `embedding_similarity` (None = the bundled all-MiniLM-L6-v2)."""
     judge_url: str | None = None
@@ -52,6 +58,11 @@ class RewardConfig:
     """Extra attempts after a failed judge call."""
     judge_fallback: float = 0.0
     """Score used (and the failure recorded) when the judge fails, times out or answers nonsense."""
+
+    @property
+    def step_rewards(self) -> bool:
+        """Whether search turns get a step reward (``reward.step_gain`` or ``reward.step_redundancy`` > 0)."""
+        return self.step_gain > 0.0 or self.step_redundancy > 0.0
 
     @classmethod
     def from_simple(cls, weights: Mapping[str, float], **fields: Any) -> RewardConfig:
@@ -80,6 +91,14 @@ class RewardConfig:
         if "search_r1" in self.components and self.answer_metric == "f1":
             raise ValueError(
                 "reward.answer_metric: the search_r1 component scores a right answer 1 and needs em or subem, got f1"
+            )
+        for key in ("step_gain", "step_redundancy"):
+            value = getattr(self, key)
+            if not (value >= 0.0 and value < float("inf")):
+                raise ValueError(f"reward.{key}: must be a finite number >= 0, got {value}")
+        if self.step_gold not in ("supporting", "supporting_or_answer", "answer"):
+            raise ValueError(
+                f"reward.step_gold: expected supporting | supporting_or_answer | answer, got {self.step_gold!r}"
             )
         if self.search_budget < 0:
             raise ValueError(f"reward.search_budget: must be >= 0, got {self.search_budget}")

@@ -163,6 +163,7 @@ class Episode:
         self.last_action = action
         final = self.is_final_turn
         t.turns += 1
+        turn_start = len(t.response_ids) - len(self.turn_ids)
         self.turn_ids = []
         if action.kind == "answer":
             return self._finish("answer")
@@ -174,6 +175,7 @@ class Episode:
             query, _ = truncate_query(action.content, cfg.max_query_chars)
             t.searches += 1
             t.queries.append(query)
+            t.search_spans.append([turn_start, len(t.response_ids)])
             return TurnEnd("search", query)
         if ended_by_eos and cfg.eos_ends_trajectory:
             return self._finish("eos")

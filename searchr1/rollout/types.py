@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
+from searchr1.rollout.actions import parse_action
+
 
 class Role(IntEnum):
     """Who produced a token. Only ``GENERATED`` tokens are trained (the loss mask)."""
@@ -44,6 +46,9 @@ class Trajectory:
     queries: list[str] = field(default_factory=list)
     documents: list[list[dict[str, Any]]] = field(default_factory=list)
     """Per search, the hits returned (``Hit.to_dict()``)."""
+    search_spans: list[list[int]] = field(default_factory=list)
+    """Per search, ``[start, end)`` of its turn's generated tokens in ``response_ids`` (the tokens a
+    step reward reaches; ``searchr1.rewards.steps``)."""
     response_text: str = ""
     """Decoded response for display and answer extraction (never re-encoded for training)."""
     timing: dict[str, float] = field(default_factory=dict)
@@ -78,6 +83,28 @@ class Trajectory:
         if run:
             spans.append(decode(run))
         return spans
+
+    def search_turns(self, decode: Any = None) -> list[tuple[int, int] | None]:
+        """``[start, end)`` of each executed search's turn in ``response_ids``: ``search_spans`` as the
+        rollout recorded them; for a trajectory without them (an engine that does not record them), the
+        runs of generated tokens whose text (``decode``) parses as a search, the first
+        ``len(documents)`` of them (a search that was not executed is always the last turn); None
+        where a turn cannot be found."""
+        searches = len(self.documents)
+        if len(self.search_spans) == searches:
+            return [(int(a), int(b)) for a, b in self.search_spans]
+        spans: list[tuple[int, int] | None] = []
+        if decode is not None:
+            start = None
+            for i, role in enumerate([*self.roles, None]):
+                if role == Role.GENERATED and start is None:
+                    start = i
+                elif role != Role.GENERATED and start is not None:
+                    if parse_action(decode(self.response_ids[start:i])).kind == "search":
+                        spans.append((start, i))
+                    start = None
+        spans = spans[:searches]
+        return spans + [None] * (searches - len(spans))
 
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["ModelConfig", "TrainerConfig"]
+__all__ = ["ModelConfig", "ReplayConfig", "TrainerConfig"]
 
 
 @dataclass
@@ -182,3 +182,45 @@ class TrainerConfig:
             raise ValueError("trainer.keep_best=val_em needs trainer.val_every > 0 (no validation, no best)")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"trainer.device: expected auto | cpu | cuda[:N], got {self.device!r}")
+
+
+@dataclass
+class ReplayConfig:
+    enabled: bool = False
+    """Replay what worked (ExGRPO, arXiv 2510.02245): keep successful trajectories per training question and put them into later groups of that question whose fresh trajectories all failed, trained with the importance ratio pi_theta / mu against their sampling log-probs (searchr1.trainer.replay). Off: on-policy only."""
+    min_reward: float = 1.0
+    """A trajectory is a success when its outcome reward (the reward total) is at least this (1.0: a right, well-formed answer under exact_match or search_r1)."""
+    per_group: int = 1
+    """Fresh trajectories of a group without a success replaced by stored successes of its question (the group's last ones; at most rollout.n - 1)."""
+    max_share: float = 0.25
+    """At most this share of a step's trajectories are replayed (the groups first in the batch get theirs); `replay/share` logs the share used."""
+    keep_per_question: int = 1
+    """Successes kept per question (the newest; the newest is replayed first). The buffer holds about 25 bytes a token of each kept trajectory (ids, roles, sampling log-probs) plus its text and hits."""
+    max_age: int = 0
+    """A stored success older than this many steps is no longer replayed, and dropped (0 = no limit)."""
+
+    def validate(self, root: Any) -> None:
+        if not (self.min_reward > float("-inf") and self.min_reward < float("inf")):
+            raise ValueError(f"replay.min_reward must be a finite number, got {self.min_reward}")
+        if self.per_group < 1:
+            raise ValueError(f"replay.per_group must be >= 1, got {self.per_group}")
+        if not 0.0 < self.max_share <= 1.0:
+            raise ValueError(f"replay.max_share must be in (0, 1], got {self.max_share}")
+        if self.keep_per_question < 1:
+            raise ValueError(f"replay.keep_per_question must be >= 1, got {self.keep_per_question}")
+        if self.max_age < 0:
+            raise ValueError(f"replay.max_age must be >= 0, got {self.max_age}")
+        if not self.enabled or root is None:
+            return
+        n = getattr(getattr(root, "rollout", None), "n", None)
+        if n is not None and self.per_group > n - 1:
+            raise ValueError(
+                f"replay.per_group={self.per_group} with rollout.n={n}: a replayed group keeps at least one "
+                "fresh trajectory (replay needs rollout.n >= 2 and replay.per_group <= rollout.n - 1)"
+            )
+        loss = getattr(getattr(root, "algorithm", None), "policy_loss", "ppo")
+        if loss in ("vanilla", "reinforce"):
+            raise ValueError(
+                f"replay.enabled with algorithm.policy_loss={loss}: that loss has no importance ratio, so "
+                "replayed trajectories would be trained as if the current policy had sampled them (use ppo or gspo)"
+            )

@@ -10,7 +10,7 @@ aligned with ``input_ids`` (``logprobs[b, t] = log p(input_ids[b, t] | input_ids
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -119,8 +119,11 @@ def rank_share(rows: Sequence[int], group_ids: Sequence[int], rank: int, world: 
     return [r for g in keys[rank * per : (rank + 1) * per] for r in groups[g]]
 
 
-def rows_with_signal(scores: Sequence[float], group_ids: Sequence[int], multiple: int = 1) -> list[int]:
-    """Rows of the groups whose rewards are not all equal, in row order (DAPO's group filter).
+def rows_with_signal(
+    scores: Sequence[float], group_ids: Sequence[int], multiple: int = 1, signal_groups: Collection[int] = ()
+) -> list[int]:
+    """Rows of the groups whose rewards are not all equal (or that are in ``signal_groups``: their
+    search turns' step rewards differ), in row order (DAPO's group filter).
 
     The count of groups kept is made a multiple of ``multiple`` (ranks x mini-batches, so whole groups
     still share out evenly) by adding the fewest groups without signal, first ones first; none kept
@@ -128,7 +131,11 @@ def rows_with_signal(scores: Sequence[float], group_ids: Sequence[int], multiple
     groups: dict[int, list[int]] = {}
     for row, gid in enumerate(group_ids):
         groups.setdefault(gid, []).append(row)
-    signal = [g for g, rows in groups.items() if max(scores[r] for r in rows) > min(scores[r] for r in rows)]
+    signal = [
+        g
+        for g, rows in groups.items()
+        if g in signal_groups or max(scores[r] for r in rows) > min(scores[r] for r in rows)
+    ]
     if not signal:
         return []
     flat = [g for g in groups if g not in signal]

@@ -27,6 +27,7 @@ where it began. The guard only warns: ``trainer.keep_best`` keeps the best valid
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 SIGNALS = {
@@ -145,12 +146,15 @@ class CollapseMonitor:
         self.alerts = [CollapseAlert(**a) for a in state.get("alerts", [])]
 
 
-def flat_group_share(scores: list[float], group_ids: list[int], tol: float = 1e-9) -> float:
-    """Share of groups whose rewards are all equal (within ``tol``): groups with no advantage left."""
+def flat_group_share(
+    scores: list[float], group_ids: list[int], tol: float = 1e-9, signal: Collection[int] = ()
+) -> float:
+    """Share of groups whose rewards are all equal (within ``tol``): groups with no advantage left.
+    Groups in ``signal`` never count as flat (their search turns' step rewards differ)."""
     groups: dict[int, list[float]] = {}
     for score, gid in zip(scores, group_ids, strict=True):
         groups.setdefault(gid, []).append(float(score))
     if not groups:
         return 0.0
-    flat = sum(max(v) - min(v) <= tol for v in groups.values())
+    flat = sum(max(v) - min(v) <= tol and g not in signal for g, v in groups.items())
     return flat / len(groups)

@@ -11,6 +11,11 @@ One step::
     update    = PPO epochs x mini-batches x micro-batches (searchr1.trainer.update)
     schedules, EMA reference, metrics, checkpoint
 
+Two optional signals beside the outcome reward (both off by default): a step reward per search turn
+(``reward.step_gain`` / ``reward.step_redundancy``; ``searchr1.rewards.steps``, credited to the turn's
+tokens by ``searchr1.algorithms.step_credit``), and the replay of successful trajectories into groups
+that found none (``replay.enabled``; ``searchr1.trainer.replay``), mixed in after the rollout.
+
 The reference policy is a frozen copy of the initial weights, an EMA of the policy
 (``algorithm.ref_policy=ema``), or, with LoRA, the base model with the adapter disabled.
 """
@@ -32,14 +37,16 @@ import torch
 import yaml
 
 from searchr1 import threads
-from searchr1.algorithms.advantages import compute_advantages, scores_to_token_rewards
+from searchr1.algorithms.advantages import scores_to_token_rewards
 from searchr1.algorithms.aggregation import masked_mean
 from searchr1.algorithms.kl import AdaptiveKLController, kl_penalty
 from searchr1.algorithms.reference import ema_update_
+from searchr1.algorithms.step_credit import advantages_with_step_credit, group_step_advantages, step_tensors
 from searchr1.data.formats import sample_meta, sample_prompt
 from searchr1.data.prompts import describe_template, resolve_template
 from searchr1.precision import autocast, fast_bf16, frozen_linears_to_bf16
 from searchr1.rewards.format import is_valid_format
+from searchr1.rewards.steps import step_credit, step_metrics
 from searchr1.rollout.records import answer_and_scores, trajectory_record
 from searchr1.rollout.registry import build_engine
 from searchr1.rollout.sampling import SamplingParams
@@ -68,6 +75,14 @@ from searchr1.trainer.experience import (
 from searchr1.trainer.health import CollapseMonitor, flat_group_share
 from searchr1.trainer.plots import write_plots
 from searchr1.trainer.policy import PolicyLogprobs
+from searchr1.trainer.replay import (
+    ReplayBuffer,
+    is_replayed,
+    mix_replay,
+    question_of,
+    replay_tensors,
+    with_behaviour_logprobs,
+)
 from searchr1.trainer.schedule import PromptSampler, make_scheduler
 from searchr1.trainer.search_health import SearchAlert, SearchFailureMonitor, first_search_error
 from searchr1.trainer.tracking import MetricsLogger, ProgressBar
@@ -127,6 +142,9 @@ class RLTrainer:
         """Steps whose policy update ran (the policy can only have changed if this is > 0)."""
         self.best_val: dict[str, float] | None = None
         """``{"step", "em"}`` of the best validation so far (``trainer.keep_best``)."""
+        rcfg = cfg.replay
+        self.replay = ReplayBuffer(rcfg.keep_per_question, rcfg.max_age) if rcfg.enabled else None
+        """Successful trajectories per training question (``replay.enabled``; checkpointed)."""
         self._stop_signal: int | None = None
         self._injected = dict(
             model=model,
@@ -259,6 +277,8 @@ class RLTrainer:
         self.steps_without_signal = int(state.get("steps_without_signal", 0))
         self.updates = int(state.get("updates", self.step))
         self.best_val = state.get("best_val")
+        if self.replay is not None and state.get("replay") is not None:
+            self.replay.load_state_dict(state["replay"])
         kept = checkpoint.best_checkpoint(self.out_dir)  # a best written after this checkpoint still counts
         if kept is not None and (self.best_val is None or kept[1]["em"] > self.best_val["em"]):
             self.best_val = kept[1]
@@ -357,11 +377,19 @@ class RLTrainer:
             module = PolicyLogprobs(model, share_prefix=share, fused=self.tcfg.fused_update)
             return self._per_token(module, exp, "logprobs")
 
-    def make_experience(self, trajs: list[Any], groups: list[int]) -> tuple[Experience, dict[str, float]]:
-        """Rewards, old / reference log-probs, values and advantages of a rollout batch."""
-        decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
+    def make_experience(
+        self,
+        trajs: list[Any],
+        groups: list[int],
+        rewards: list[Any] | None = None,
+        fresh: tuple[list[Any], list[Any]] | None = None,
+    ) -> tuple[Experience, dict[str, float]]:
+        """Rewards (unless given), step rewards, old / reference log-probs, values and advantages of a
+        rollout batch. ``fresh``: the step's own rollouts and rewards before any replay, which the
+        rollout metrics describe (default: ``trajs``)."""
         t0 = time.perf_counter()
-        rewards = self.reward_fn.score_trajectories(trajs, decode)
+        if rewards is None:
+            rewards = self.reward_fn.score_trajectories(trajs, self._decode)
         t_reward = time.perf_counter() - t0
         exp = build_experience(
             trajs,
@@ -370,10 +398,13 @@ class RLTrainer:
             pad_token_id=self.tokenizer.pad_token_id,
             mask_observations=self.tcfg.mask_observations,
         )
+        step_sums = self._step_credit(trajs, exp)
+        if self.replay is not None:
+            exp.extras.update(replay_tensors(trajs, tuple(exp.input_ids.shape)))
         t0 = time.perf_counter()
         self.policy.eval()
         if not self.on_policy:
-            exp.old_logprobs = self._per_token(self.actor, exp, "logprobs")
+            exp.old_logprobs = with_behaviour_logprobs(exp, self._per_token(self.actor, exp, "logprobs"))
         if self.algo.uses_reference:
             exp.ref_logprobs = self._reference_logprobs(exp)
         if self.critic_module is not None:
@@ -392,20 +423,82 @@ class RLTrainer:
                     - self._kl_coef() * kl_mat * exp.train_mask
                 )
         adv_in = token_rewards if token_rewards is not None else exp.scores
-        exp.advantages, exp.returns = compute_advantages(
+        exp.advantages, exp.returns = advantages_with_step_credit(  # step credit: algorithms.step_credit
             adv_in,
             exp.train_mask,
             self.algo,
             group_ids=exp.group_ids,
             values=exp.values,
             state=self.algo_state,
+            step_rewards=exp.extras.get("step_rewards"),
+            step_turns=exp.extras.get("step_turns"),
         )
-        metrics = self._rollout_metrics(trajs, rewards, exp)
+        metrics = self._rollout_metrics(*(fresh or (trajs, rewards)), exp)
+        metrics.update(self._step_metrics(step_sums))
         if kl_metric is not None:
             metrics["rollout/ref_kl"] = kl_metric
         metrics["timing/reward"] = t_reward
         metrics["timing/logprobs"] = t_logprob
         return exp, metrics
+
+    def _step_credit(self, trajs: list[Any], exp: Experience) -> dict[str, float] | None:
+        """With step rewards on (``reward.step_gain`` / ``step_redundancy``): each search turn's step
+        reward into ``exp.extras`` (``step_rewards``, ``step_turns``); returns the sums of the step
+        metrics over this rank's fresh trajectories (None: off)."""
+        if not self.cfg.reward.step_rewards:
+            return None
+        credits = [step_credit(t, self.cfg.reward, self._decode) for t in trajs]
+        prompt_lens = [len(t.prompt_ids) for t in trajs]
+        rewards, turns = step_tensors(credits, prompt_lens, tuple(exp.input_ids.shape))
+        exp.extras["step_rewards"], exp.extras["step_turns"] = rewards, turns
+        return step_metrics([c for c, t in zip(credits, trajs, strict=True) if not is_replayed(t)])
+
+    def _step_metrics(self, sums: dict[str, float] | None) -> dict[str, float]:
+        """``step/reward_mean`` (over scored search turns), ``step/new_gold_share``,
+        ``step/redundant_share`` and ``step/scored_share`` (of all search turns), reduced over ranks."""
+        if sums is None:
+            return {}
+        names = sorted(sums)
+        total = dict(
+            zip(names, all_reduce_sum([sums[k] for k in names], self.dist, self.device), strict=True)
+        )
+        scored = max(total["scored_turns"], 1.0)
+        return {
+            "step/reward_mean": total["reward_sum"] / scored,
+            "step/new_gold_share": total["new_gold_turns"] / scored,
+            "step/redundant_share": total["redundant_turns"] / scored,
+            "step/scored_share": total["scored_turns"] / max(total["search_turns"], 1.0),
+        }
+
+    def _mix_replay(
+        self, trajs: list[Any], groups: list[int], step: int
+    ) -> tuple[list[Any], list[Any], list[Any], dict[str, float]]:
+        """``replay.enabled``: this rank's groups without a success take stored successes of their
+        question; this step's fresh successes (every rank's) are stored after. Returns the mixed batch,
+        its rewards, the fresh batch's rewards and the replay metrics (with the reward's time)."""
+        rcfg = self.cfg.replay
+        t0 = time.perf_counter()
+        fresh_rewards = rewards = self.reward_fn.score_trajectories(trajs, self._decode)
+        totals = [r.total for r in rewards]
+        successes = [
+            (question_of(t), t) for t, total in zip(trajs, totals, strict=True) if total >= rcfg.min_reward
+        ]
+        mixed, rows = mix_replay(trajs, groups, totals, self.replay, rcfg, step)
+        if rows:
+            rescored = self.reward_fn.score_trajectories([mixed[r] for r in rows], self._decode)
+            rewards = list(rewards)
+            for row, out in zip(rows, rescored, strict=True):
+                rewards[row] = out
+        for part in all_gather_objects(successes, self.dist):
+            for question, traj in part:
+                self.replay.add(question, traj, step)
+        replayed, total = all_reduce_sum([float(len(rows)), float(len(trajs))], self.dist, self.device)
+        metrics = {
+            "replay/share": replayed / max(total, 1.0),
+            "replay/questions": float(len(self.replay)),
+            "timing/reward": time.perf_counter() - t0,
+        }
+        return mixed, rewards, fresh_rewards, metrics
 
     def _rollout_metrics(self, trajs: list[Any], rewards: list[Any], exp: Experience) -> dict[str, float]:
         """Sums over this rank's trajectories, reduced over ranks, then averaged."""
@@ -459,20 +552,38 @@ class RLTrainer:
     def _filter_groups(self, exp: Experience, metrics: dict[str, float]) -> Experience | None:
         """``algorithm.filter_groups``: the batch without its groups of equal rewards (None: none left)."""
         scores = exp.scores.tolist()
-        metrics["rollout/flat_groups"] = flat_group_share(scores, exp.group_ids)
+        stepped = self._step_signal_groups(exp)
+        metrics["rollout/flat_groups"] = flat_group_share(scores, exp.group_ids, signal=stepped)
         if not self.algo.filter_groups:
             return exp
         multiple = self.dist.world_size * (self.tcfg.batch_size // self.tcfg.mini_batch_size)
-        rows = rows_with_signal(scores, exp.group_ids, multiple)
+        rows = rows_with_signal(scores, exp.group_ids, multiple, signal_groups=stepped)
         metrics["actor/trained_share"] = len(rows) / max(1, len(exp))
         return exp.select(rows) if rows else None
+
+    @staticmethod
+    def _step_signal_groups(exp: Experience) -> set[int]:
+        """Groups whose search turns' step rewards differ (they carry a step advantage even when
+        their outcome rewards are all equal)."""
+        if "step_turns" not in exp.extras:
+            return set()
+        adv = group_step_advantages(
+            exp.extras["step_rewards"], exp.extras["step_turns"], exp.group_ids, norm_by_std=False
+        )
+        return {g for row, g in enumerate(exp.group_ids) if float(adv[row].abs().max()) > 1e-9}
 
     def train_step(self) -> dict[str, float]:
         step = self.step
         t_step = time.perf_counter()
         indices = self.sampler.next_batch()
         trajs, groups, t_rollout = self.rollout(indices, step)
-        exp, metrics = self.make_experience(trajs, groups)
+        if self.replay is not None:
+            fresh = trajs
+            trajs, rewards, fresh_rewards, replay_metrics = self._mix_replay(trajs, groups, step)
+            exp, metrics = self.make_experience(trajs, groups, rewards, fresh=(fresh, fresh_rewards))
+            metrics.update(replay_metrics)
+        else:
+            exp, metrics = self.make_experience(trajs, groups)
         exp = self._filter_groups(exp, metrics)
         t0 = time.perf_counter()
         if exp is None:  # every group scored alike: no advantage anywhere, nothing to update
@@ -674,6 +785,7 @@ class RLTrainer:
                 "steps_without_signal": self.steps_without_signal,
                 "updates": self.updates,
                 "best_val": self.best_val,
+                "replay": self.replay.state_dict() if self.replay is not None else None,
             }
 
             def write(folder: Path) -> None:
@@ -874,4 +986,6 @@ class RLTrainer:
                 }
                 record = trajectory_record(traj, sample, self.tokenizer, mode="train")
                 record.update(step=self.step, id=f"step {self.step}: {sample['id']}")
+                if is_replayed(traj):  # a stored success of an earlier step (replay.enabled)
+                    record.update(replayed=True, replayed_from_step=traj.meta.get("replayed_from_step"))
                 fh.write(json.dumps(record, default=str) + "\n")

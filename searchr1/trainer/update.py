@@ -30,6 +30,7 @@ from searchr1.precision import autocast
 from searchr1.trainer.distributed import DistInfo, all_reduce_sum, no_sync
 from searchr1.trainer.experience import Experience, micro_batches, rank_share, split_groups
 from searchr1.trainer.policy import PolicyLogprobs
+from searchr1.trainer.replay import replay_ratio_metrics, with_behaviour_logprobs
 
 
 @dataclass
@@ -236,8 +237,17 @@ def _actor_loss(
             temperature=s.settings.temperature,
             return_entropy=True,
         )
-    # on-policy (see RLTrainer.on_policy): the old log-probs are this pass's own values, detached
+    # on-policy (see RLTrainer.on_policy): the old log-probs are this pass's own values, detached;
+    # replayed rows (searchr1.trainer.replay) always take their stored sampling log-probs
     old_logprobs = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
+    old_logprobs = with_behaviour_logprobs(mb, old_logprobs)
+    if "replayed" in mb.extras:
+        ratio_mean, clipfrac, tokens = replay_ratio_metrics(
+            logprobs, old_logprobs, mb, algo.clip_ratio_low, algo.clip_ratio_high
+        )
+        if tokens:  # logged for the steps that trained replayed tokens
+            sums.add("replay/ratio_mean", ratio_mean, tokens)
+            sums.add("replay/clipfrac", clipfrac, tokens)
     pg_loss, pg_metrics = compute_policy_loss(
         logprobs, old_logprobs, mb.advantages, mb.train_mask, algo, norms=norms
     )

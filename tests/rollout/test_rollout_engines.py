@@ -12,6 +12,7 @@ from scripted_turns import ScriptedTurns, make_script
 
 from searchr1.data.prompts import INVALID_ACTION_MESSAGE, wrap_information
 from searchr1.retrieval.base import SearchError
+from searchr1.rollout.actions import Action, parse_action
 from searchr1.rollout.config import RolloutConfig
 from searchr1.rollout.episode import SEARCH_FAILED_TEXT
 from searchr1.rollout.hf import HFRolloutEngine, TurnSyncRolloutEngine
@@ -78,6 +79,12 @@ def test_scripted_turns_searches_and_roles(tiny, cls):
             text = "".join(f"Doc {i}(Title: {d['title']}) {d['text']}\n" for i, d in enumerate(docs, 1))
             assert ids == tok.encode(wrap_information(text), add_special_tokens=False)
         assert segs[0][0] == Role.GENERATED and segs[-1][0] == Role.GENERATED
+        # each search's turn: the generated run right before its observation, holding its query
+        assert len(traj.search_spans) == n_search
+        for (a, b), query in zip(traj.search_spans, traj.queries, strict=True):
+            assert (a == 0 or traj.roles[a - 1] == Role.OBSERVATION) and traj.roles[b] == Role.OBSERVATION
+            assert all(r == Role.GENERATED for r in traj.roles[a:b])
+            assert parse_action(tok.decode(traj.response_ids[a:b])) == Action("search", query)
         assert traj.response_text.rstrip().endswith("</answer>")
         assert len(traj.logprobs) == len(traj.response_ids) == len(traj.roles)
         assert all(lp == 0.0 for lp, r in zip(traj.logprobs, traj.roles, strict=True) if r != Role.GENERATED)

@@ -25,7 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from searchr1.demo.settings import DEFAULT_TEMPLATE, RUN_MODES, SUMMARY_FILE, DemoSettings, check_settings
+from searchr1.demo.settings import DEFAULT_TEMPLATE, RUN_NAMES, SUMMARY_FILE, DemoSettings, check_settings
 from searchr1.errors import UserFacingError
 from searchr1.models import DEFAULT_MODEL
 
@@ -61,10 +61,10 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument(
         "--only",
         nargs="+",
-        choices=RUN_MODES,
+        choices=RUN_NAMES,
         default=None,
         metavar="RUN",
-        help=f"run only these runs of each seed ({', '.join(RUN_MODES)}); e.g. --only no_search runs the "
+        help=f"run only these runs of each seed ({', '.join(RUN_NAMES)}); e.g. --only no_search runs the "
         "search-disabled control alone",
     )
     parser.add_argument(

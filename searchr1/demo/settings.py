@@ -23,7 +23,7 @@ OUTCOME_ONLY_OVERRIDES: tuple[str, ...] = ()
 the step rewards (credit for each search) and without the replay of successful trajectories; dotted
 config overrides applied after every other one (e.g. ``reward.step_*`` and ``replay.*`` keys that
 turn them off). The recipe has neither yet, so the ablation is the recipe itself."""
-RUN_MODES = ("search", "no_search", "outcome_only", "zero_shot")
+RUN_NAMES = ("search", "no_search", "outcome_only", "zero_shot")
 """The runs of a seed (``--only``): the recipe; its search-disabled control; the outcome-only
 ablation; the zero-shot prompt (first seed)."""
 

@@ -195,12 +195,19 @@ def export_policy(run_dir: str | Path, out: str | Path, best: bool = False) -> t
     if target.exists() and any(target.iterdir()):
         raise FileExistsError(f"{target} exists and is not empty")
     shutil.copytree(source / "model", target, dirs_exist_ok=True)
-    trained = run_template(run_dir, source)
+    return target, f"{origin}; {carry_template(run_dir, target, source)}"
+
+
+def carry_template(run_dir: str | Path, folder: str | Path, checkpoint: str | Path | None = None) -> str:
+    """Record in an exported policy ``folder`` the prompt template the run was trained with (its
+    ``config.yaml``, else ``checkpoint``'s; ``searchr1.data.trained_template``), so that ``eval`` and
+    ``ask`` prompt it the same way; returns what to tell the user."""
+    trained = run_template(run_dir, checkpoint)
     if trained is None:
-        return target, f"{origin}; no prompt template recorded in {run_dir}"
-    write_trained_template(target, trained, run_dir)
+        return f"no prompt template recorded in {run_dir}"
+    write_trained_template(folder, trained, run_dir)
     note = "" if trained.found else f": the file is not found here, so {TEMPLATE_FILE} only names it"
-    return target, f"{origin}; trained with the prompt template {trained.recorded}{note}"
+    return f"trained with the prompt template {trained.recorded}{note}"
 
 
 def prune_checkpoints(out_dir: str | Path, keep_last: int) -> None:

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Sets up .venv (idempotent) and runs the demo on the embedded synthetic world.
-#   scripts/demo.sh                      the quick learning demo: SmolLM2-135M-Instruct, seed 0, 8 GRPO steps (~4.5 min on 2 cores)
-#   scripts/demo.sh --seeds 0 1 2 ...    any arguments go to `searchr1 demo` instead (the full demo: 3 seeds, controls)
+#   scripts/demo.sh                      the quick learning demo (`searchr1 demo --quick`): SmolLM2-135M-Instruct,
+#                                        seed 0, the recipe's GRPO steps (searchr1/configs/demo_learning.yaml);
+#                                        its measured time: README.md (stated there only)
+#   scripts/demo.sh --seeds 0 1 2 ...    any arguments go to `searchr1 demo` instead (the full demo: 3 seeds,
+#                                        controls, the outcome-only ablation)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

@@ -155,17 +155,18 @@ class SearchR1Trainer:
         return None if self.trainer is None else self.trainer.tokenizer
 
     def save(self, folder: str | Path, best: bool = False) -> Path:
-        """Write the policy as a Hugging Face folder (LoRA merged in) that ``from_pretrained`` loads;
-        with ``best``, the policy of the best validation EM kept by ``trainer.keep_best=val_em``."""
+        """Write the policy as a Hugging Face folder (LoRA merged in) that ``from_pretrained`` loads, with the
+        prompt template it was trained with (for ``eval`` and ``ask``); with ``best``, the policy of the best
+        validation EM kept by ``trainer.keep_best=val_em``."""
         if self.trainer is None:
             raise RuntimeError("train() first")
-        from searchr1.trainer.components import save_policy  # torch
+        from searchr1.trainer.checkpoint import carry_template, export_policy  # torch
+        from searchr1.trainer.components import save_policy
 
         out = Path(folder)
         if best:
-            from searchr1.trainer.checkpoint import export_policy
-
             return export_policy(self.trainer.out_dir, out / "model", best=True)[0]
         out.mkdir(parents=True, exist_ok=True)
         save_policy(self.trainer.policy, self.trainer.tokenizer, out, lora=self.trainer.lora)
+        carry_template(self.trainer.out_dir, out / "model")  # eval and ask prompt it as it was trained
         return out / "model"

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from searchr1.config import ConfigError, load_config
-from searchr1.data.prompts import AUTO, describe_template, resolve_template
+from searchr1.data.prompts import AUTO, describe_template, load_template, resolve_template
+from searchr1.data.trained_template import find_trained_template
 from searchr1.errors import ModelNotFoundError, UserFacingError
 from searchr1.plugins import PluginError, import_plugins, names_overview
 from searchr1.retrieval.corpus import CorpusError
@@ -150,8 +151,9 @@ def add_model_flags(parser: argparse.ArgumentParser, model_required: bool = True
     parser.add_argument(
         "--template",
         default=None,
-        help="prompt template: auto (default: the model's chat template if it has one, else base) | base | "
-        "instruct | instruct_1shot | instruct_2shot | instruct_2hop | a file with {question}",
+        help="prompt template: base | instruct | instruct_1shot | instruct_2shot | instruct_2hop | a file with "
+        "{question} | auto (the model's chat template if it has one, else base). Default: for a checkpoint "
+        "or an exported policy of `searchr1 train`, the template it was trained with; else auto",
     )
     parser.add_argument(
         "--max-turns", type=int, default=None, help="search turns before the answer-only turn (default 4)"
@@ -204,18 +206,56 @@ def check_model(model: str) -> None:
         raise UserFacingError(f"--model {model}: {str(exc).splitlines()[0]}") from None
 
 
-def choose_template(cfg: Any, model: str) -> str:
-    """Resolve ``data.template=auto`` with ``model``'s tokenizer (its chat template, else base) and set it
-    in ``cfg``; returns the line that tells the user which template the command uses."""
-    asked = cfg.data.template
-    if asked == AUTO:
-        from searchr1.models import load_tokenizer
+def template_given(args: argparse.Namespace) -> bool:
+    """Whether the command line names the prompt template (``--template``, ``--set data.template=``)."""
+    return args.template is not None or any(o.split("=", 1)[0].strip() == "data.template" for o in args.set)
 
+
+def choose_template(cfg: Any, model: str, given: bool = False) -> str:
+    """Choose the prompt template and set it in ``cfg``; returns the line that tells the user which one the
+    command uses and why.
+
+    ``data.template`` given (``given``: on the command line; or set by ``--config``) is used as it is.
+    Otherwise a policy trained here is prompted with the template it was trained with
+    (``searchr1.data.trained_template``: a checkpoint's run config, an exported folder's record), and any
+    other model resolves ``auto`` with its tokenizer (its chat template, else base)."""
+    asked = cfg.data.template
+    trained = find_trained_template(model)
+    if given or asked != AUTO:
+        if asked == AUTO:
+            _resolve_auto(cfg, model)
+        line = f"template: {describe_template(asked, cfg.data.template)}"
+        line += "" if asked == AUTO else " (given)"
+        if trained is not None and trained.found and trained.template != cfg.data.template:
+            line += f"; note: this model was trained with {trained.recorded} ({trained.source})"
+        return line
+    if trained is not None:
+        if not trained.found:
+            raise UserFacingError(
+                f"--model {model} was trained with the prompt template file {trained.recorded} "
+                f"({trained.source}), which is not found here: pass --template NAME|FILE"
+            )
         try:
-            cfg.data.template = resolve_template(asked, load_tokenizer(model))
-        except (OSError, ValueError) as exc:
-            raise UserFacingError(f"--model {model}: its tokenizer cannot be loaded ({exc})") from None
+            load_template(trained.template)
+        except ValueError as exc:
+            raise UserFacingError(f"--model {model}: its training template: {exc}; pass --template") from None
+        cfg.data.template = trained.template
+        return (
+            f"template: {trained.template} (the one this model was trained with, from {trained.source}; "
+            "--template overrides)"
+        )
+    _resolve_auto(cfg, model)
     return f"template: {describe_template(asked, cfg.data.template)}"
+
+
+def _resolve_auto(cfg: Any, model: str) -> None:
+    """``data.template=auto`` resolved with ``model``'s tokenizer (its chat template, else base)."""
+    from searchr1.models import load_tokenizer
+
+    try:
+        cfg.data.template = resolve_template(AUTO, load_tokenizer(model))
+    except (OSError, ValueError) as exc:
+        raise UserFacingError(f"--model {model}: its tokenizer cannot be loaded ({exc})") from None
 
 
 def load_policy(args: argparse.Namespace) -> tuple[Any, Any]:

@@ -3,16 +3,17 @@ the embedded synthetic world, on a CPU.
 
 For each seed: generates the synthetic world and its BM25 index, evaluates the starting model on
 held-out questions (single- and multi-hop apart), trains it with RL (GRPO + LoRA by default), evaluates
-again, and repeats the same with search disabled (a search engine that finds nothing). The first seed
-also gets a zero-shot-prompt row and, when the shared FlashRAG sample is found, an evaluation on real
-NQ questions. Prints the before / after table, right answers per kind of question, one trajectory
-before and after, and where the plots and HTML reports are; writes ``summary.json`` in the run
-folder. See ``searchr1.demo``.
+again, and repeats the same with search disabled (a search engine that finds nothing) and with the
+outcome reward alone (the ablation). The first seed also gets a zero-shot-prompt row and, when the
+shared FlashRAG sample is found, an evaluation on real NQ questions. Prints the before / after table,
+right answers per kind of question, one trajectory before and after, and where the plots and HTML
+reports are; writes ``summary.json`` in the run folder. See ``searchr1.demo``.
 
-    searchr1 demo                         # 3 seeds (0 1 2), controls, zero-shot row, NQ sample
+    searchr1 demo                         # 3 seeds (0 1 2), controls, ablation, zero-shot row, NQ sample
     searchr1 demo --quick                 # seed 0, the search run only
     searchr1 demo --out runs/demo --algorithm rloo
     searchr1 demo trainer.actor_lr=1e-4 rollout.n=16 --seeds 4 5
+    searchr1 demo --only no_search --seeds 0 1 2      # the search-disabled controls alone
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from searchr1.demo.settings import DEFAULT_TEMPLATE, SUMMARY_FILE, DemoSettings, check_settings
+from searchr1.demo.settings import DEFAULT_TEMPLATE, RUN_NAMES, SUMMARY_FILE, DemoSettings, check_settings
 from searchr1.errors import UserFacingError
 from searchr1.models import DEFAULT_MODEL
 
@@ -51,7 +52,27 @@ def add_arguments(parser: Any) -> None:
     )
     parser.add_argument("--steps", type=int, default=0, help="RL steps per run (default: the recipe's)")
     parser.add_argument("--no-control", action="store_true", help="skip the search-disabled control runs")
+    parser.add_argument(
+        "--no-ablation",
+        action="store_true",
+        help="skip the outcome-only ablation runs (the recipe with Search-R1's outcome reward alone)",
+    )
     parser.add_argument("--no-zero-shot", action="store_true", help="skip the zero-shot prompt row")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=RUN_NAMES,
+        default=None,
+        metavar="RUN",
+        help=f"run only these runs of each seed ({', '.join(RUN_NAMES)}); e.g. --only no_search runs the "
+        "search-disabled control alone",
+    )
+    parser.add_argument(
+        "--num-test",
+        type=int,
+        default=None,
+        help="held-out test questions evaluated before and after (default 64; --quick 48)",
+    )
     parser.add_argument(
         "--nq-sample",
         default=None,
@@ -82,13 +103,24 @@ def settings_from_args(args: argparse.Namespace) -> DemoSettings:
         algorithm=args.algorithm,
         steps=args.steps or settings.steps,
         no_search=settings.no_search and not args.no_control,
+        outcome_only=settings.outcome_only and not args.no_ablation,
         zero_shot_template="" if args.no_zero_shot else settings.zero_shot_template,
         nq_sample=settings.nq_sample if args.nq_sample is None else args.nq_sample,
         overrides=[*settings.overrides, *args.overrides],
         model=args.model,
         template=args.template,
-        jobs=max(1, args.jobs),
+        num_test=settings.num_test if args.num_test is None else args.num_test,
+        jobs=args.jobs,
     )
+    if args.only:
+        zero_shot = settings.zero_shot_template or DemoSettings().zero_shot_template
+        settings = replace(
+            settings,
+            search="search" in args.only,
+            no_search="no_search" in args.only,
+            outcome_only="outcome_only" in args.only,
+            zero_shot_template=zero_shot if "zero_shot" in args.only else "",
+        )
     if args.seeds:
         settings = replace(settings, seeds=tuple(args.seeds))
     return settings

@@ -13,7 +13,12 @@ from searchr1.demo.settings import SUMMARY_FILE
 from searchr1.demo.summary import example_trajectories
 from searchr1.report import build_report
 
-RUN_LABELS = (("search", ""), ("search disabled", "no_search_"), ("zero-shot prompt", "zero_shot_"))
+RUN_LABELS = (
+    ("search", ""),
+    ("search disabled", "no_search_"),
+    ("outcome-only", "outcome_only_"),
+    ("zero-shot prompt", "zero_shot_"),
+)
 
 
 def format_results(summary: dict[str, Any]) -> str:
@@ -80,12 +85,15 @@ def _mean_lines(m: dict[str, Any], seeds: int) -> list[str]:
         )
     for prefix, label in (
         ("no_search_", "search disabled:       "),
+        ("outcome_only_", "outcome-only ablation: "),
         ("zero_shot_", "zero-shot prompt:      "),
     ):
         if f"{prefix}em_before" in m:
             b, a = m[f"{prefix}em_before"], m[f"{prefix}em_after"]
             note = "; first seed only" if prefix == "zero_shot_" else ""
-            lines.append(f"{label} EM {b:.3f} -> {a:.3f} (gain {a - b:+.3f}{note})")
+            multi = m.get(f"{prefix}em_multi_after")
+            multi_text = "" if multi is None else f"; multi-hop EM {multi:.3f}"
+            lines.append(f"{label} EM {b:.3f} -> {a:.3f} (gain {a - b:+.3f}{note}){multi_text}")
     return lines
 
 
@@ -111,7 +119,7 @@ def print_report(summary: dict[str, Any], out: Path, log: Callable[[str], None] 
         for mode, run in row.get("runs", {}).items():
             for alert in run.get("health", []):
                 log(f"collapse guard, seed {seed} ({mode}): {alert['message']}")
-    first = next(iter(summary["seeds"]), None)
+    first = next((s for s, row in summary["seeds"].items() if "search" in row.get("runs", {})), None)
     if first is not None:
         before, after = example_trajectories(out / f"seed_{first}" / "search")
         log("")
@@ -132,6 +140,8 @@ def print_report(summary: dict[str, Any], out: Path, log: Callable[[str], None] 
 def write_reports(summary: dict[str, Any], out: Path) -> None:
     """An HTML report per seed of the search-enabled training run (``searchr1 report``)."""
     for seed, row in summary["seeds"].items():
+        if "search" not in row.get("runs", {}):
+            continue
         run_dir = out / f"seed_{seed}" / "search"
         try:
             row["report"] = str(build_report(run_dir))

@@ -17,11 +17,14 @@ For each seed:
 5. **After**: the same evaluation.
 6. **Controls**: the same recipe with a search engine that finds nothing (the gain must come from
    searching), and, for the first seed, the zero-shot prompt (Search-R1's instruction alone).
+   **Ablation** (``outcome_only``): the same recipe with the outcome reward alone, Search-R1's
+   (``settings.OUTCOME_ONLY_OVERRIDES`` turn the rest off), so that each part's share shows.
 7. **Real data**: the first seed's policy, before and after RL, on the NQ sample of the shared FlashRAG
    data (BM25 over its wiki-18 sample), when that folder is found.
 
 ``summary.json`` holds, per seed, ``em_before``, ``em_after``, ``searches_before``, ``searches_after``
-(and F1, valid format, single-/multi-hop EM) and the same under ``no_search``; the console shows the
+(and F1, valid format, single-/multi-hop EM) and the same under ``no_search``, every run's numbers
+under ``runs`` (``search``, ``no_search``, ``outcome_only``, ``zero_shot``); the console shows the
 table, right answers per kind of question, one trajectory before and after, and where the plots and
 HTML reports are.
 
@@ -48,6 +51,7 @@ from searchr1.demo.settings import (
     DemoSettings,
     check_settings,
     find_nq_sample,
+    resolve_starting_model,
     rl_config,
 )
 from searchr1.demo.summary import (
@@ -238,7 +242,8 @@ class RunSpec:
 
     seed: int
     mode: str
-    """search | no_search (a backend that finds nothing) | zero_shot (the zero-shot prompt)."""
+    """search | no_search (a backend that finds nothing) | outcome_only (the recipe with
+    ``settings.outcome_only_overrides``) | zero_shot (the zero-shot prompt)."""
     prompt: Path
     label: str
     with_nq: bool = False
@@ -246,13 +251,18 @@ class RunSpec:
 
 
 def plan_runs(settings: DemoSettings, out: Path, prompt_path: Path) -> list[RunSpec]:
-    """Every run of the demo, seed by seed: search, then the control, then (first seed) zero-shot."""
+    """Every run of the demo, seed by seed: search, the control, the outcome-only ablation, then (first
+    seed) zero-shot."""
     plan = []
     for seed in settings.seeds:
         first = seed == settings.seeds[0]
-        plan.append(RunSpec(seed, "search", prompt_path, "BM25 search", with_nq=first))
+        if settings.search:
+            plan.append(RunSpec(seed, "search", prompt_path, "BM25 search", with_nq=first))
         if settings.no_search:
             plan.append(RunSpec(seed, "no_search", prompt_path, "search disabled"))
+        if settings.outcome_only:
+            label = "BM25 search, outcome-only reward (the ablation)"
+            plan.append(RunSpec(seed, "outcome_only", prompt_path, label))
         if settings.zero_shot_template and first:
             label = f"BM25 search, zero-shot prompt ({settings.zero_shot_template})"
             plan.append(RunSpec(seed, "zero_shot", out / ZERO_SHOT_PROMPT_FILE, label))
@@ -280,6 +290,8 @@ def execute_run(
     nq = load_nq(nq_folder) if spec.with_nq else None
     name = f"seed {spec.seed} {spec.mode}"
     extra = ["trainer.progress_lines=true", f"trainer.progress_label={name}"] if parallel else []
+    if spec.mode == "outcome_only":  # last: the ablation's keys win over the user's overrides
+        extra += settings.outcome_only_overrides
     torch.manual_seed(spec.seed)
     log(f"seed {spec.seed}: RL with {spec.label}")
     prefix = f"[{name}] " if parallel else ""
@@ -315,12 +327,9 @@ def run_learning_demo(
     settings = settings or DemoSettings()
     log = log or _stderr
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
-    prompt_path = check_settings(out, settings)
-    from searchr1.models import resolve_model
-
-    model_dir = Path(resolve_model(settings.model))
+    prompt_path = check_settings(out, settings)  # every setting checked before anything is written
+    model_dir = resolve_starting_model(settings.model)
     log(f"starting model: {settings.model} ({model_dir})")
     nq_folder = find_nq_sample(settings.nq_sample)
     if settings.nq_sample == "auto" and nq_folder is None:

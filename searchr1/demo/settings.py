@@ -18,6 +18,14 @@ NQ_QUESTIONS, NQ_CORPUS = "nq_test_sample.jsonl", "wiki18_sample_corpus.jsonl"
 SUMMARY_FILE = "summary.json"
 DEFAULT_TEMPLATE = "instruct_2hop"
 """The demo's prompt: Search-R1's instruction and two two-search worked examples."""
+OUTCOME_ONLY_OVERRIDES: tuple[str, ...] = ()
+"""What turns the demo's recipe into the outcome-only ablation: the plain Search-R1 reward, without
+the step rewards (credit for each search) and without the replay of successful trajectories; dotted
+config overrides applied after every other one (e.g. ``reward.step_*`` and ``replay.*`` keys that
+turn them off). The recipe has neither yet, so the ablation is the recipe itself."""
+RUN_NAMES = ("search", "no_search", "outcome_only", "zero_shot")
+"""The runs of a seed (``--only``): the recipe; its search-disabled control; the outcome-only
+ablation; the zero-shot prompt (first seed)."""
 
 
 @dataclass
@@ -48,8 +56,14 @@ class DemoSettings:
     """The starting model (any name ``searchr1.models.resolve_model`` accepts)."""
     template: str = DEFAULT_TEMPLATE
     """The prompt template (``data.template``)."""
+    search: bool = True
+    """Run the recipe with search (the demo's main run; ``False`` only to run a control alone)."""
     no_search: bool = True
     """Also run the search-disabled control."""
+    outcome_only: bool = True
+    """Also run the outcome-only ablation: the recipe with ``outcome_only_overrides``."""
+    outcome_only_overrides: list[str] = field(default_factory=lambda: list(OUTCOME_ONLY_OVERRIDES))
+    """The overrides that make the recipe outcome-only (``OUTCOME_ONLY_OVERRIDES``)."""
     zero_shot_template: str = "instruct"
     """The first seed's zero-shot row (``""``: none)."""
     nq_sample: str = "auto"
@@ -63,14 +77,16 @@ class DemoSettings:
 
     @classmethod
     def quick_settings(cls) -> DemoSettings:
-        return cls(seeds=(0,), num_test=48, no_search=False, zero_shot_template="", nq_sample="")
+        return cls(
+            seeds=(0,), num_test=48, no_search=False, outcome_only=False, zero_shot_template="", nq_sample=""
+        )
 
 
 def rl_config(
     settings: DemoSettings,
     seed: int,
     out_dir: Path,
-    prompt_path: Path,
+    prompt_path: Path | str,
     model_dir: Path | None = None,
     extra: Sequence[str] = (),
 ) -> Any:
@@ -118,18 +134,66 @@ def write_prompt(out: Path, template: str, name: str = PROMPT_FILE) -> Path:
     return path
 
 
-def check_settings(out: Path, settings: DemoSettings) -> Path:
-    """Write the prompt and build the RL config once (a bad key fails here, before any model is
-    loaded); returns the prompt file."""
+def validate_settings(settings: DemoSettings) -> None:
+    """Every setting checked, nothing written: a ``ValueError`` names the flag or the key."""
+    from searchr1.data.prompts import load_template
+    from searchr1.data.synth import SynthConfig
+
     if not settings.seeds:
-        raise ValueError("at least one seed is needed")
+        raise ValueError("--seeds: at least one seed is needed")
+    if not (settings.search or settings.no_search or settings.outcome_only or settings.zero_shot_template):
+        raise ValueError("no run left to do (every run of a seed is turned off)")
+    if settings.num_test < 1:
+        raise ValueError(f"--num-test must be >= 1, got {settings.num_test}")
+    if settings.jobs < 1:
+        raise ValueError(f"--jobs must be >= 1, got {settings.jobs}")
+    for flag, template in (
+        ("--template", settings.template),
+        ("zero_shot_template", settings.zero_shot_template),
+    ):
+        try:
+            if template:
+                load_template(template)
+        except ValueError as exc:
+            raise ValueError(f"{flag}: {exc}") from None
+    try:
+        SynthConfig(seed=settings.seeds[0], **{"num_test": settings.num_test, **settings.world}).validate()
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"world: {exc}") from None
+    seed = settings.seeds[0]
+    out = Path("runs") / "demo-check" / f"seed_{seed}"  # named in the config only, never written
+    rl_config(settings, seed, out / "search", settings.template)
+    if settings.outcome_only:
+        try:
+            rl_config(
+                settings, seed, out / "outcome_only", settings.template, extra=settings.outcome_only_overrides
+            )
+        except ValueError as exc:
+            raise ValueError(f"outcome_only_overrides: {exc}") from None
+    if settings.nq_sample not in ("", "auto") and not Path(settings.nq_sample).is_dir():
+        raise ValueError(f"--nq-sample: no folder {settings.nq_sample}")
+    resolve_starting_model(settings.model)
+
+
+def resolve_starting_model(model: str) -> Path:
+    """The folder of the starting model (the packaged SmolLM2 is converted once, on first use)."""
+    from searchr1.errors import ModelNotFoundError
+    from searchr1.models import resolve_model
+
+    try:
+        return Path(resolve_model(model))
+    except (ModelNotFoundError, OSError, ValueError) as exc:
+        raise ValueError(f"--model {model}: {str(exc).splitlines()[0]}") from None
+
+
+def check_settings(out: Path, settings: DemoSettings) -> Path:
+    """Check every setting (a bad key fails here, before anything is written or any model is loaded),
+    then write the prompt files into ``out``; returns the prompt file."""
+    validate_settings(settings)
     out.mkdir(parents=True, exist_ok=True)
     prompt_path = write_prompt(out, settings.template)
     if settings.zero_shot_template:
         write_prompt(out, settings.zero_shot_template, ZERO_SHOT_PROMPT_FILE)
-    rl_config(settings, settings.seeds[0], out / f"seed_{settings.seeds[0]}" / "search", prompt_path)
-    if settings.nq_sample not in ("", "auto") and not Path(settings.nq_sample).is_dir():
-        raise ValueError(f"--nq-sample: no folder {settings.nq_sample}")
     return prompt_path
 
 

@@ -13,7 +13,12 @@ from searchr1.evaluation.aggregate import aggregate
 from searchr1.evaluation.store import read_trajectories
 from searchr1.trainer.tracking import read_metrics
 
-RUN_MODES = (("search", ""), ("no_search", "no_search_"), ("zero_shot", "zero_shot_"))
+RUN_MODES = (
+    ("search", ""),
+    ("no_search", "no_search_"),
+    ("outcome_only", "outcome_only_"),
+    ("zero_shot", "zero_shot_"),
+)
 """Each run of a seed and the prefix of its flat keys in ``summary.json``."""
 
 
@@ -84,7 +89,8 @@ def overall(summary: dict[str, Any]) -> dict[str, float]:
 def flat_row(row: dict[str, Any]) -> dict[str, Any]:
     """The per-seed keys of summary.json: EM, F1, searches, valid format before and after, single- and
     multi-hop EM and searches, for the search run (no prefix), the control (``no_search_``, also
-    nested under ``no_search``) and the zero-shot row (``zero_shot_``)."""
+    nested under ``no_search``), the outcome-only ablation (``outcome_only_``) and the zero-shot row
+    (``zero_shot_``)."""
     flat: dict[str, Any] = {}
     for mode, prefix in RUN_MODES:
         if mode not in row:

@@ -22,6 +22,7 @@ from searchr1.cli_common import (
     model_overrides,
     open_retriever,
     search_overrides,
+    template_given,
 )
 from searchr1.errors import UserFacingError
 from searchr1.evaluation.agent import Agent
@@ -110,7 +111,7 @@ def _ask(args: argparse.Namespace) -> int:
     cfg = command_config(args, [*search_overrides(args), *model_overrides(args)])
     if not (has_search_flags(args) or cfg.retrieval.index or cfg.retrieval.url or cfg.retrieval.corpus):
         raise UserFacingError("ask needs a search backend: --index DIR, --search-url URL or --corpus FILE")
-    template_line = choose_template(cfg, args.model)
+    template_line = choose_template(cfg, args.model, template_given(args))
     retriever = open_retriever(cfg.retrieval)
     model, tokenizer = load_policy(args)
     print(template_line, file=sys.stderr)

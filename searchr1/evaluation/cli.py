@@ -27,6 +27,7 @@ from searchr1.cli_common import (
     model_overrides,
     open_retriever,
     search_overrides,
+    template_given,
 )
 from searchr1.data.formats import load_samples as read_samples
 from searchr1.errors import UserFacingError
@@ -162,7 +163,7 @@ def _eval(args: argparse.Namespace) -> int:
             f"--mode {','.join(searching)} needs a search backend: --index DIR, --search-url URL or --corpus FILE"
         )
     samples = [s for p in data_paths for s in load_samples(p, args.limit)]
-    template_line = choose_template(cfg, args.model)
+    template_line = choose_template(cfg, args.model, template_given(args))
     out = Path(args.out) if args.out else _default_out(args.model)
     settings = {"model": args.model, "data": [str(p) for p in data_paths], "limit": args.limit,
                 "max_turns": cfg.rollout.max_turns, "max_turn_tokens": cfg.rollout.max_turn_tokens}  # fmt: skip

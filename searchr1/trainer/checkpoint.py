@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from searchr1.data.trained_template import TEMPLATE_FILE, run_template, write_trained_template
+
 STEP_RE = re.compile(r"^step_(\d+)$")
 COMPLETE = "COMPLETE"
 
@@ -174,8 +176,9 @@ def best_checkpoint(out_dir: str | Path) -> tuple[Path, dict[str, Any]] | None:
 
 def export_policy(run_dir: str | Path, out: str | Path, best: bool = False) -> tuple[Path, str]:
     """Copy a run's policy (``model/``, a ``from_pretrained`` folder) to ``out``: the newest complete
-    checkpoint's, or with ``best`` the kept best (``trainer.keep_best``). Returns (the copied folder,
-    where it came from)."""
+    checkpoint's, or with ``best`` the kept best (``trainer.keep_best``), with the prompt template the run
+    was trained with (``searchr1.data.trained_template``: ``eval`` and ``ask`` use it). Returns (the
+    copied folder, where it came from and its template)."""
     if best:
         kept = best_checkpoint(run_dir)
         if kept is None:
@@ -192,7 +195,19 @@ def export_policy(run_dir: str | Path, out: str | Path, best: bool = False) -> t
     if target.exists() and any(target.iterdir()):
         raise FileExistsError(f"{target} exists and is not empty")
     shutil.copytree(source / "model", target, dirs_exist_ok=True)
-    return target, origin
+    return target, f"{origin}; {carry_template(run_dir, target, source)}"
+
+
+def carry_template(run_dir: str | Path, folder: str | Path, checkpoint: str | Path | None = None) -> str:
+    """Record in an exported policy ``folder`` the prompt template the run was trained with (its
+    ``config.yaml``, else ``checkpoint``'s; ``searchr1.data.trained_template``), so that ``eval`` and
+    ``ask`` prompt it the same way; returns what to tell the user."""
+    trained = run_template(run_dir, checkpoint)
+    if trained is None:
+        return f"no prompt template recorded in {run_dir}"
+    write_trained_template(folder, trained, run_dir)
+    note = "" if trained.found else f": the file is not found here, so {TEMPLATE_FILE} only names it"
+    return f"trained with the prompt template {trained.recorded}{note}"
 
 
 def prune_checkpoints(out_dir: str | Path, keep_last: int) -> None:

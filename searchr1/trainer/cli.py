@@ -7,7 +7,8 @@ torchrun --nproc_per_node 8 -m searchr1 train --config ppo_qwen2.5_3b
 searchr1 train --plot runs/tiny                 # (re)write the PNG plots of a run
 searchr1 train --config tiny_cpu --print-config   # the resolved configuration, nothing trained
 searchr1 train --list-keys                        # every key, its default and doc (--plugin M: with M's names)
-searchr1 train --export runs/tiny export/tiny     # copy a run's newest policy (a from_pretrained folder)
+searchr1 train --export runs/tiny export/tiny     # copy a run's newest policy (a from_pretrained folder
+                                                  #  that carries its prompt template for eval and ask)
 searchr1 train --export runs/tiny export/best --best   # the kept best validated one (trainer.keep_best)
 """
 
@@ -53,7 +54,8 @@ def register(subparsers: Any) -> None:
         "--export",
         nargs=2,
         metavar=("RUN_DIR", "OUT"),
-        help="copy the run's newest checkpointed policy (a from_pretrained folder) to OUT and exit",
+        help="copy the run's newest checkpointed policy (a from_pretrained folder, with the prompt template the "
+        "run was trained with: eval and ask use it) to OUT and exit",
     )
     parser.add_argument(
         "--best",

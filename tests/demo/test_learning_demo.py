@@ -36,6 +36,7 @@ def tiny_settings(model_dir) -> DemoSettings:
         nq_sample=str(nq_folder) if nq_folder else "",
         overrides=TINY_RL,
         world={"num_entities": 40},
+        outcome_only=False,  # the ablation's run: test_demo_command.py
     )
 
 
@@ -62,9 +63,7 @@ def test_tiny_run_writes_the_summary_with_both_runs(tiny_demo, tiny_model_dir):
         assert 0.0 <= row[key] <= 10.0
         assert key in row["no_search"]
     runs = row["runs"]
-    assert (
-        runs["search"]["steps"] == 2 and runs["no_search"]["steps"] == 2 and runs["zero_shot"]["steps"] == 2
-    )
+    assert all(runs[mode]["steps"] == 2 for mode in ("search", "no_search", "zero_shot"))
     assert "zero_shot_em_after" in row and "zero_shot_em_after" in summary["mean"]
     # single- and multi-hop apart: every test question in one of them, EM as the overall one
     by_hops = runs["search"]["by_hops"]
@@ -134,10 +133,12 @@ def test_before_after_joins_questions_and_trajectories_by_index(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.learning
 @pytest.mark.timeout(1200)
 def test_quick_demo_reward_rises(tmp_path):
     """``searchr1 demo --quick`` (seed 0, SmolLM2-135M-Instruct): the smoothed training reward ends
-    above where it began, and held-out EM after RL is not below EM before."""
+    above where it began, and held-out EM after RL is not below EM before (a statistical claim about
+    one seed of RL: marked ``learning``)."""
     settings = DemoSettings.quick_settings()
     summary = run_learning_demo(tmp_path, settings, log=lambda s: None)
     run = summary["seeds"]["0"]["runs"]["search"]
@@ -146,22 +147,6 @@ def test_quick_demo_reward_rises(tmp_path):
     assert curve[-1] > curve[0]
     assert run["after"]["em"] >= run["before"]["em"]
     assert run["after"]["searches"] >= 0.5
-
-
-@pytest.mark.parametrize("argv", [["--algorithm", "nope"], ["rollout.nope=1"], ["trainer.batch_size=0"]])
-def test_bad_settings_fail_before_anything_is_built(tmp_path, argv, capsys):
-    from searchr1.cli import main
-
-    assert main(["demo", "--out", str(tmp_path), *argv]) == 2
-    assert "error:" in capsys.readouterr().err
-
-
-def test_searchr1_demo_runs_the_learning_demo(tmp_path, capsys):
-    from searchr1.cli import main
-
-    assert main(["demo", "--quick", "--out", str(tmp_path), "--algorithm", "nope"]) == 2
-    assert "--algorithm" in capsys.readouterr().err
-    assert (tmp_path / "prompt.json").is_file()
 
 
 def test_parallel_runs_give_the_serial_summary(tmp_path, tiny_demo, tiny_model_dir):

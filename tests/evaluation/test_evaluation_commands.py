@@ -418,4 +418,4 @@ def test_the_template_is_the_models_chat_template_by_default_and_is_printed(
     assert code == 0 and "template: instruct (auto: the model has a chat template)" in err
     assert "template: instruct" in stdout
     code, _, err = run_cli([*argv, "--out", tmp_path / "base", "--template", "base"], capsys)
-    assert code == 0 and "template: base\n" in err
+    assert code == 0 and "template: base (given)\n" in err

@@ -91,51 +91,52 @@ def test_a_tag_pair_cut_by_an_insertion_is_no_answer(tok):
     assert answers_everywhere(tok, traj) == (0.0, 0.0, None, 0.0)
 
 
-class SplitAnswerEngine:
-    """A rollout engine whose every trajectory writes ``<answer> Bor`` then, after an inserted passage,
-    ``vik </answer>``: joined, the generated text holds a complete (right) answer; no span does."""
+SPLIT_ANSWER = [("<answer> Bor", GEN), (PLANTED, OBS), ("vik </answer>", GEN)]
+"""``<answer> Bor`` then, after an inserted passage, ``vik </answer>``: joined, the generated text holds a
+complete (right) answer; no span does."""
+ONE_SPAN_ANSWER = [
+    ("<think>the passage says</think>", GEN),
+    (PLANTED, OBS),
+    ("<answer> Borvik </answer>", GEN),
+]
+"""The control: the same right answer, written whole in one span after the passage."""
+
+
+class ScriptedEngine:
+    """A rollout engine whose every trajectory is ``pieces`` (role-tagged text)."""
 
     weight_format = "module"
 
-    def __init__(self, tok) -> None:
+    def __init__(self, tok, pieces) -> None:
         self.tok = tok
+        self.pieces = pieces
 
     def generate(self, prompt_ids, metas, sampling=None, seed=0):
-        return [
-            trajectory(self.tok, [("<answer> Bor", GEN), (PLANTED, OBS), ("vik </answer>", GEN)], ["Borvik"])
-            for _ in prompt_ids
-        ]
+        return [trajectory(self.tok, self.pieces, ["Borvik"]) for _ in prompt_ids]
 
     def update_weights(self, weights=None) -> None:
         pass
 
 
-def test_validation_reads_the_answer_as_the_reward_and_the_evaluation_do(tmp_path, tiny_model_dir):
-    """The trainer's validation EM (and the progress line's) once read all generated text joined, so an
-    answer cut by an observation scored 1 there and 0 in the reward and ``eval``."""
+def validation_em(tmp_path, model_dir, tok, pieces) -> float:
+    """``val/em`` of the trainer's validation on one question (gold ``Borvik``) with ``ScriptedEngine``."""
     import json
 
     from searchr1.config import load_config
-    from searchr1.models import load_tokenizer
     from searchr1.trainer.loop import RLTrainer
 
     rows = [
         {"id": "q0", "question": "Where?", "golden_answers": ["Borvik"], "metadata": {"data_source": "t"}}
     ]
+    tmp_path.mkdir(parents=True, exist_ok=True)
     data = tmp_path / "q.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     corpus = tmp_path / "c.jsonl"
     corpus.write_text(json.dumps({"id": "0", "contents": '"Borvik"\nBorvik is a city.'}) + "\n")
-    tok = load_tokenizer(tiny_model_dir)
-    traj = SplitAnswerEngine(tok).generate([[1]], [{}])[0]
-    from searchr1.rewards.text import answer_from_spans, exact_match
-
-    joined = traj.generated_text_only(lambda ids: tok.decode(ids, skip_special_tokens=True))
-    assert exact_match(answer_from_spans([joined]), ["Borvik"]) == 1.0  # what the joined reading gave
     cfg = load_config(
         None,
         [
-            f"model.path={tiny_model_dir}",
+            f"model.path={model_dir}",
             f"data.train_files=[{data}]",
             f"data.val_files=[{data}]",
             f"retrieval.corpus={corpus}",
@@ -146,7 +147,25 @@ def test_validation_reads_the_answer_as_the_reward_and_the_evaluation_do(tmp_pat
             f"trainer.out_dir={tmp_path / 'run'}",
         ],
     )
-    trainer = RLTrainer(cfg, engine=SplitAnswerEngine(tok))
+    trainer = RLTrainer(cfg, engine=ScriptedEngine(tok, pieces))
     trainer.setup()
-    assert trainer.validate()["val/em"] == 0.0
+    return trainer.validate()["val/em"]
+
+
+def test_validation_reads_the_answer_as_the_reward_and_the_evaluation_do(tmp_path, tiny_model_dir):
+    """The trainer's validation EM (and the progress line's) once read all generated text joined, so an
+    answer cut by an observation scored 1 there and 0 in the reward and ``eval``. The control: the same
+    right answer in one span scores 1 everywhere (a validation that always said 0 would fail it)."""
+    from searchr1.models import load_tokenizer
+    from searchr1.rewards.text import answer_from_spans, exact_match
+
+    tok = load_tokenizer(tiny_model_dir)
+    traj = ScriptedEngine(tok, SPLIT_ANSWER).generate([[1]], [{}])[0]
+    joined = traj.generated_text_only(lambda ids: tok.decode(ids, skip_special_tokens=True))
+    assert exact_match(answer_from_spans([joined]), ["Borvik"]) == 1.0  # what the joined reading gave
+    assert validation_em(tmp_path / "split", tiny_model_dir, tok, SPLIT_ANSWER) == 0.0
     assert answers_everywhere(tok, traj)[:2] == (0.0, 0.0)
+
+    whole = ScriptedEngine(tok, ONE_SPAN_ANSWER).generate([[1]], [{}])[0]
+    assert answers_everywhere(tok, whole) == (1.0, 1.0, "Borvik", 1.0)
+    assert validation_em(tmp_path / "whole", tiny_model_dir, tok, ONE_SPAN_ANSWER) == 1.0

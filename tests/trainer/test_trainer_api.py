@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import rlworld
 import torch
@@ -54,6 +56,14 @@ def test_api_trains_with_the_seed_example(tiny_model_dir, tmp_path):
     loaded = AutoModelForCausalLM.from_pretrained(folder)
     for key, value in loaded.state_dict().items():
         assert torch.equal(value, trainer.model.state_dict()[key])
+    from searchr1.data.trained_template import find_trained_template
+
+    carried = find_trained_template(folder)  # the run's template file, copied in: eval and ask use it
+    assert carried is not None and carried.recorded == str(world["template"])
+    assert (
+        Path(carried.template).parent == folder
+        and Path(carried.template).read_text() == world["template"].read_text()
+    )
 
 
 def test_api_presets_and_errors(tmp_path):

@@ -1,0 +1,166 @@
+"""The prompt template a policy was trained with, found from its model folder, so that ``eval`` and
+``ask`` prompt a checkpoint the way it learned (``searchr1.cli_common.choose_template``).
+
+A training run writes its resolved configuration (``data.template`` included, never ``auto``) to
+``<run>/config.yaml`` and to each checkpoint's ``config.yaml``; ``train --export`` writes
+``searchr1_template.json`` into the exported folder, with a copy of the template when it is a file.
+From a model folder the template is looked up, in this order:
+
+    <model>/searchr1_template.json      an exported policy (``write_trained_template``)
+    <model>/../config.yaml              a checkpoint's model/ (``checkpoints/step_000012/model``)
+    <model>/../../../config.yaml        the run folder of ``checkpoints/<any>/model`` (``best/`` too)
+
+A template that is a file is found as recorded (an absolute path, or relative to the folder the run
+was started in, which ``trainer.out_dir`` tells), else relative to the current folder.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from searchr1.data.prompts import AUTO, TEMPLATES
+
+TEMPLATE_FILE = "searchr1_template.json"
+"""What ``train --export`` writes into an exported policy: ``{"template": ..., "trained_template": ...,
+"run": ...}`` (``template``: a built-in name, or a file in the exported folder)."""
+RUN_CONFIG = "config.yaml"
+CHECKPOINTS = "checkpoints"
+
+
+@dataclass(frozen=True)
+class TrainedTemplate:
+    """The template a policy was trained with."""
+
+    template: str
+    """A built-in name or the path of the template file, as ``data.template`` takes it."""
+    source: Path
+    """The file that said so (a run's ``config.yaml`` or an export's ``searchr1_template.json``)."""
+    recorded: str
+    """The template as the run recorded it (a file template: its path at training time)."""
+    found: bool = True
+    """False when the recorded template is a file that is not found here."""
+
+
+def _read_config(path: Path) -> dict[str, Any] | None:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("data"), dict) else None
+
+
+def _training_folder(run_dir: Path, out_dir: str | None) -> Path | None:
+    """The folder a run was started in: ``run_dir`` without the relative ``trainer.out_dir`` at its end."""
+    if not out_dir or Path(out_dir).is_absolute():
+        return None
+    parts = [p for p in Path(out_dir).parts if p not in (".", "")]
+    here = run_dir.resolve()
+    if not parts or len(here.parts) <= len(parts) or list(here.parts[-len(parts) :]) != parts:
+        return None
+    return here.parents[len(parts) - 1]
+
+
+def _locate(template: str, run_dir: Path | None, out_dir: str | None) -> Path | None:
+    """The template file of a recorded ``data.template`` path, or None when it is nowhere here."""
+    path = Path(template).expanduser()
+    candidates = []
+    if not path.is_absolute() and run_dir is not None:
+        origin = _training_folder(run_dir, out_dir)
+        if origin is not None:
+            candidates.append(origin / path)
+    candidates.append(path)
+    return next((c for c in candidates if c.is_file()), None)
+
+
+def template_of_config(config_path: Path, run_dir: Path | None) -> TrainedTemplate | None:
+    """The ``data.template`` of a run's ``config.yaml`` (None when the file is not a run's config or the
+    template is ``auto``)."""
+    data = _read_config(config_path)
+    if data is None:
+        return None
+    recorded = data["data"].get("template")
+    if not isinstance(recorded, str) or not recorded or recorded == AUTO:
+        return None
+    if recorded in TEMPLATES:
+        return TrainedTemplate(recorded, config_path, recorded)
+    out_dir = (data.get("trainer") or {}).get("out_dir") if isinstance(data.get("trainer"), dict) else None
+    located = _locate(recorded, run_dir, out_dir)
+    if located is None:
+        return TrainedTemplate(recorded, config_path, recorded, found=False)
+    return TrainedTemplate(str(located), config_path, recorded)
+
+
+def _template_of_export(folder: Path) -> TrainedTemplate | None:
+    path = folder / TEMPLATE_FILE
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(info, dict):
+        return None
+    template, recorded = info.get("template"), info.get("trained_template")
+    if not isinstance(recorded, str) or not recorded:
+        return None
+    if not isinstance(template, str) or not template:  # the run's template file was not found at export
+        return TrainedTemplate(recorded, path, recorded, found=False)
+    if template in TEMPLATES:
+        return TrainedTemplate(template, path, recorded)
+    local = folder / template
+    return TrainedTemplate(str(local), path, recorded, found=local.is_file())
+
+
+def find_trained_template(model: str | Path) -> TrainedTemplate | None:
+    """The template the policy in the folder ``model`` was trained with (see the module docstring), or
+    None for a model that no run of this package wrote (an alias, a hub id, a folder of its own)."""
+    folder = Path(model).expanduser()
+    if not folder.is_dir():
+        return None
+    exported = _template_of_export(folder)
+    if exported is not None:
+        return exported
+    step = folder.parent
+    in_checkpoints = step.parent.name == CHECKPOINTS
+    run_dir = step.parent.parent if in_checkpoints else None
+    if (step / RUN_CONFIG).is_file():
+        found = template_of_config(step / RUN_CONFIG, run_dir)
+        if found is not None:
+            return found
+    if run_dir is not None and (run_dir / RUN_CONFIG).is_file():
+        return template_of_config(run_dir / RUN_CONFIG, run_dir)
+    return None
+
+
+def run_template(run_dir: str | Path, checkpoint: str | Path | None = None) -> TrainedTemplate | None:
+    """The template of a run folder: its ``config.yaml``, else ``checkpoint``'s."""
+    run = Path(run_dir)
+    for config in (run / RUN_CONFIG, *([Path(checkpoint) / RUN_CONFIG] if checkpoint else [])):
+        if config.is_file():
+            found = template_of_config(config, run)
+            if found is not None:
+                return found
+    return None
+
+
+def write_trained_template(folder: str | Path, trained: TrainedTemplate, run_dir: str | Path) -> Path:
+    """Record ``trained`` in an exported policy's ``folder`` (``searchr1_template.json``); a template
+    file is copied in beside it, so that the folder carries its prompt wherever it goes. A template file
+    that is not found is recorded by its name only (``template``: null), so that ``eval`` says so."""
+    target = Path(folder)
+    template: str | None = trained.template
+    if template not in TEMPLATES:
+        if trained.found:
+            source = Path(trained.template)
+            template = f"searchr1_template{source.suffix}"
+            shutil.copyfile(source, target / template)
+        else:
+            template = None
+    info = {"template": template, "trained_template": trained.recorded, "run": str(run_dir)}
+    path = target / TEMPLATE_FILE
+    path.write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    return path

@@ -1,0 +1,166 @@
+"""``searchr1 demo`` through the command line on the tiny model: summary.json and the console, the
+outcome-only ablation (the recipe with its overrides), the collapse guard's warning carried into
+summary.json, ``--only``, and bad settings that leave nothing built and name the key."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from searchr1.cli import main
+from searchr1.demo import settings as demo_settings
+
+TINY = [
+    "--seeds", "3", "--num-test", "4", "--template", "base", "--no-zero-shot", "--nq-sample", "",
+    "--threads", "1", "trainer.batch_size=2", "trainer.mini_batch_size=2", "rollout.n=2",
+    "rollout.max_turn_tokens=16", "trainer.progress_bar=false",
+]  # fmt: skip
+"""A demo of one seed, 4 test questions, 2 RL steps of 2 x 2 trajectories (add --model)."""
+
+
+def flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            out.update(flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def test_the_demo_command_writes_summary_json_with_the_ablation(
+    tmp_path, tiny_model_dir, capsys, monkeypatch, one_thread
+):
+    """The ablation is the recipe with ``OUTCOME_ONLY_OVERRIDES`` applied last (here a stand-in key of
+    today's recipe, set otherwise by the user): its config differs from the search run's there only."""
+    monkeypatch.setattr(demo_settings, "OUTCOME_ONLY_OVERRIDES", ("reward.retrieval_score=0.0",))
+    out = tmp_path / "demo"
+    argv = ["demo", "--out", str(out), "--model", str(tiny_model_dir), "--steps", "2", *TINY]
+    assert main([*argv, "reward.retrieval_score=0.1"]) == 0
+    printed = capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    row = summary["seeds"]["3"]
+    assert list(row["runs"]) == ["search", "no_search", "outcome_only"]
+    for mode, run in row["runs"].items():
+        assert run["steps"] == 2 and len(run["reward_curve"]) == 2, mode
+        for when in ("before", "after"):  # the numbers are those of the evaluation files
+            recs = records(out / "seed_3" / mode / f"eval_{when}" / "trajectories.jsonl")
+            assert len(recs) == 4
+            assert run[when]["em"] == pytest.approx(sum(r["scores"]["em"] for r in recs) / 4), (mode, when)
+            assert run[when]["searches"] == pytest.approx(sum(r["searches"] for r in recs) / 4), (mode, when)
+    for key in ("em_before", "em_after", "searches_before", "searches_after"):  # the keys users rely on
+        metric, when = key.split("_")
+        assert row[key] == row["runs"]["search"][when][metric]
+        assert row["no_search"][key] == row["runs"]["no_search"][when][metric]
+        assert row[f"outcome_only_{key}"] == row["runs"]["outcome_only"][when][metric]
+        assert summary["mean"][f"outcome_only_{key}"] == row[f"outcome_only_{key}"]  # one seed
+    # the same starting model, world and greedy decoding: every run starts from the same numbers
+    assert (
+        row["em_before"] == row["outcome_only_em_before"]
+        and row["searches_before"] == row["outcome_only_searches_before"]
+    )
+    assert summary["settings"]["outcome_only"] and summary["settings"]["outcome_only_overrides"] == [
+        "reward.retrieval_score=0.0"
+    ]
+
+    recipe = flat(yaml.safe_load((out / "seed_3" / "search" / "config.yaml").read_text()))
+    ablation = flat(yaml.safe_load((out / "seed_3" / "outcome_only" / "config.yaml").read_text()))
+    differ = {k for k in recipe.keys() | ablation.keys() if recipe.get(k) != ablation.get(k)}
+    assert differ == {"trainer.out_dir", "reward.retrieval_score"}
+    assert (recipe["reward.retrieval_score"], ablation["reward.retrieval_score"]) == (0.1, 0.0)
+
+    table = printed.splitlines()
+    assert any(line.split()[:2] == ["3", "search"] for line in table)
+    assert any(line.split()[:3] == ["3", "search", "disabled"] for line in table)
+    assert any(line.split()[:2] == ["3", "outcome-only"] for line in table)
+    assert any(line.startswith("outcome-only ablation:  EM") for line in table)
+    assert f"summary: {out / 'summary.json'}" in printed
+
+
+def test_the_collapse_guard_reaches_summary_json_and_the_console(
+    tmp_path, tiny_model_dir, capsys, one_thread
+):
+    """The ``stops_searching`` engine (tests/collapse_engine.py) searches in steps 1-2 only: the guard of
+    the demo's run warns at step 4, and the demo keeps and prints it."""
+    import collapse_engine
+
+    out = tmp_path / "demo"
+    step = collapse_engine.ALERT_STEP
+    argv = ["demo", "--out", str(out), "--model", str(tiny_model_dir), "--steps", str(step), "--only", "search",
+            *TINY, "plugins=[collapse_engine]", "rollout.engine=stops_searching"]  # fmt: skip
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    run = json.loads((out / "summary.json").read_text())["seeds"]["3"]["runs"]["search"]
+    assert list(json.loads((out / "summary.json").read_text())["seeds"]["3"]["runs"]) == ["search"]
+    assert [(a["step"], a["pattern"]) for a in run["health"]] == [(step, "searching_stopped")]
+    metrics = records(out / "seed_3" / "search" / "metrics.jsonl")
+    assert [m["health/searching_stopped"] for m in metrics] == [0.0] * (step - 1) + [1.0]
+    assert f"collapse guard, seed 3 (search): {run['health'][0]['message']}" in printed
+
+
+def test_only_picks_the_runs_of_a_seed():
+    import argparse
+
+    from searchr1.demo.cli import add_arguments, settings_from_args
+    from searchr1.demo.runs import plan_runs
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+
+    def modes(*argv: str) -> list[tuple[int, str]]:
+        settings = settings_from_args(parser.parse_args(list(argv)))
+        return [(r.seed, r.mode) for r in plan_runs(settings, Path("out"), Path("out/prompt.json"))]
+
+    assert modes("--seeds", "0", "1") == [
+        (0, "search"), (0, "no_search"), (0, "outcome_only"), (0, "zero_shot"),
+        (1, "search"), (1, "no_search"), (1, "outcome_only"),
+    ]  # fmt: skip
+    assert modes("--seeds", "0", "1", "--no-ablation", "--no-zero-shot") == [
+        (0, "search"), (0, "no_search"), (1, "search"), (1, "no_search")
+    ]  # fmt: skip
+    assert modes("--only", "no_search") == [(0, "no_search"), (1, "no_search"), (2, "no_search")]
+    assert modes("--quick") == [(0, "search")]
+    assert modes("--quick", "--only", "search", "zero_shot") == [(0, "search"), (0, "zero_shot")]
+    default = settings_from_args(parser.parse_args([]))
+    assert default.outcome_only_overrides == list(demo_settings.OUTCOME_ONLY_OVERRIDES)
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--algorithm", "nope"], "--algorithm"),
+        (["rollout.nope=1"], "rollout.nope"),
+        (["trainer.batch_size=0"], "trainer.batch_size"),
+        (["--template", "nope"], "--template"),
+        (["--num-test", "0"], "--num-test"),
+        (["--jobs", "0"], "--jobs"),
+        (["--nq-sample", "/no/such/folder"], "--nq-sample"),
+        (["--model", "/no/such/model"], "--model"),
+    ],
+)
+def test_bad_settings_leave_nothing_built_and_name_the_key(tmp_path, argv, named, capsys):
+    out = tmp_path / "demo"
+    assert main(["demo", "--out", str(out), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and named in err
+    assert not out.exists()
+
+
+def test_bad_ablation_overrides_are_named_before_anything_is_built(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(demo_settings, "OUTCOME_ONLY_OVERRIDES", ("reward.step_nope=0",))
+    out = tmp_path / "demo"
+    assert main(["demo", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "outcome_only_overrides" in err and "reward.step_nope" in err
+    assert not out.exists()
+    assert main(["demo", "--out", str(out), "--no-ablation", "--model", "/no/such/model"]) == 2
+    err = capsys.readouterr().err  # without the ablation its overrides are not used: the next problem shows
+    assert "outcome_only_overrides" not in err and "--model" in err and not out.exists()

@@ -91,6 +91,7 @@ def first_update(world, model_dir, out, llds_coef: float) -> tuple[dict[str, flo
     cfg = rlworld.load(
         world, model_dir, out, reward__components={"rlworld:token_set_reward": 1.0}, trainer__total_steps=1,
         trainer__ppo_epochs=2, algorithm__llds_coef=llds_coef, algorithm__llds_positive_only=False,
+        trainer__adaptive_threads=False,  # a thread count that follows the machine's load changes the rounding
     )  # fmt: skip
     trainer = RLTrainer(cfg)
     trainer.setup()

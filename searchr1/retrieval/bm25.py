@@ -6,9 +6,16 @@ BM25 (Robertson & Zaragoza, 2009, "The Probabilistic Relevance Framework: BM25 a
 
 in the Lucene variant (the default; Lucene drops the constant (k1 + 1) factor of Robertson's form) with
 ``IDF(t) = log(1 + (N - df + 0.5) / (df + 0.5))``. ``method``: lucene | robertson | atire | bm25l | bm25+,
-as in bm25s (Lù 2024, arXiv:2407.03618; the variants as in Kamphuis et al., ECIR 2020). Every
-(term, doc) score is precomputed into a sparse column matrix (CSC: column t lists the documents holding
-term t, ascending, with their scores), so a query is a sum of a few columns and a top-k.
+as in bm25s (Lù 2024, arXiv:2407.03618; the variants as in Kamphuis et al., ECIR 2020).
+
+The defaults are Search-R1's retriever, pyserini's ``LuceneSearcher`` (preset ``pyserini``): k1 0.9,
+b 0.4, Lucene's English analyzer (``retrieval.analysis``), and |d| as Lucene stores it, in one byte
+(``lucene_norm``), with Lucene's float32 arithmetic (``term_scores``), so rankings match Lucene's. The
+settings of earlier versions are preset ``bm25s`` (k1 1.5, b 0.75, a regex tokenizer, a Snowball
+stemmer, exact lengths). Every (term, doc) score is precomputed into a sparse column matrix (CSC:
+column t lists the documents holding term t, ascending, with their scores), so a query is a sum of a
+few columns and a top-k; a query term repeated n times counts n times (as Anserini's bag-of-words
+query boosts it).
 
 Top-k is exact and, for the lucene variant, pruned in the manner of MaxScore (Turtle & Flood, 1995,
 "Query evaluation: strategies and optimizations"): columns are taken in decreasing order of their
@@ -23,8 +30,9 @@ On disk (``folder/bm25``): ``data.csc.index.npy`` / ``indices.csc.index.npy`` / 
 (bm25s's names), ``term_max.npy`` (each column's largest score), ``vocab.hash.npy`` + ``vocab.ids.npy``
 (sorted 64-bit hashes of the terms and their column ids: a term is found by binary search in a memory
 map, so serving 10M terms costs neither a dictionary in memory nor seconds of loading), ``vocab.txt``
-(the terms, one per line in column order, for people), ``params.index.json``, ``tokenizer.json``.
-Folders written by earlier versions (bm25s's ``vocab.index.json``) still load.
+(the terms, one per line in column order, for people), ``params.index.json``, ``tokenizer.json``
+(the settings). Columns are in the order of the terms' hashes (``bm25_build``). Folders written by
+earlier versions (bm25s's ``vocab.index.json``; no ``analyzer`` setting) still load.
 """
 
 from __future__ import annotations
@@ -32,14 +40,15 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from searchr1.retrieval.analysis import Analyzer, make_analyzer
 from searchr1.retrieval.base import Hit, Retriever
 from searchr1.retrieval.corpus import Document, read_corpus
 from searchr1.retrieval.docstore import DocStore
@@ -54,29 +63,81 @@ VOCAB_HASH_FILE, VOCAB_IDS_FILE, VOCAB_TEXT_FILE = "vocab.hash.npy", "vocab.ids.
 LEGACY_VOCAB_FILE = "vocab.index.json"
 METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
 NONOCCURRENCE_METHODS = ("bm25l", "bm25+")
-_TOKEN_RE = re.compile(r"(?u)\b\w\w+\b")
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "pyserini": {"k1": 0.9, "b": 0.4, "analyzer": "lucene-english", "stemmer": "porter",
+                 "stopwords": "lucene", "doc_length": "lucene", "tie_break": "pyserini"},
+    "bm25s": {"k1": 1.5, "b": 0.75, "analyzer": "regex", "stemmer": "english", "stopwords": "en",
+              "doc_length": "exact", "tie_break": "row"},
+}  # fmt: skip
+"""Named settings. ``pyserini`` (the default): Search-R1's retriever, pyserini's ``LuceneSearcher`` at
+its defaults (k1 0.9, b 0.4, Lucene's English analyzer, Lucene's one-byte document lengths);
+``bm25s``: the settings of earlier versions (bm25s's defaults with a Snowball stemmer)."""
+DOC_LENGTHS = ("lucene", "exact")
 
 
 @dataclass
 class BM25Params:
-    """Scoring and tokenisation options (saved with the index)."""
+    """Scoring and tokenisation options (saved with the index); the defaults are the ``pyserini`` preset."""
 
-    k1: float = 1.5
-    b: float = 0.75
+    k1: float = 0.9
+    b: float = 0.4
     method: str = "lucene"
-    stemmer: str | None = "english"
-    """PyStemmer language (None: no stemming)."""
-    stopwords: str | None = "en"
-    """bm25s stop-word list name (en, de, fr, ...; None: keep every word)."""
+    analyzer: str = "lucene-english"
+    """lucene-english (Lucene's EnglishAnalyzer) | regex (earlier versions): see ``retrieval.analysis``."""
+    stemmer: str | None = "porter"
+    """lucene-english: porter (Lucene's PorterStemFilter) or another PyStemmer algorithm; regex: a
+    PyStemmer language (english, ...); None: no stemming."""
+    stopwords: str | None = "lucene"
+    """lucene: Lucene's 33 English stop words; a bm25s list name (en, de, fr, ...); None: keep every word."""
+    doc_length: str = "lucene"
+    """lucene: a document's length as Lucene stores it, in one byte (``lucene_length``: exact below 24
+    tokens, then 4 significant bits); exact: the token count."""
+    tie_break: str = "pyserini"
+    """Order of hits with equal scores. pyserini: as Anserini (pyserini's engine) orders them, by
+    passage id as text (scores reported rounded to 4 decimals, as pyserini reports them); row: in
+    corpus order (scores reported whole)."""
     delta: float = 0.5
     """The lower bound delta of bm25l and bm25+ (ignored by the other methods)."""
+    preset: str | None = "pyserini"
+    """The preset these settings started from (for people: manifests and ``/health`` show it)."""
+
+    @classmethod
+    def from_preset(cls, preset: str = "pyserini", **overrides: Any) -> BM25Params:
+        """The settings of ``preset`` (``PRESETS``) with ``overrides`` on top (None: the preset's value;
+        the string "none" for ``stemmer`` / ``stopwords``: none)."""
+        if preset not in PRESETS:
+            raise ValueError(f"unknown BM25 preset {preset!r}; choose one of {', '.join(PRESETS)}")
+        given = {k: None if v in ("none", "None", "") else v for k, v in overrides.items() if v is not None}
+        unknown = sorted(set(given) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"unknown BM25 setting(s) {', '.join(unknown)}")
+        return cls(**{**PRESETS[preset], "preset": preset, **given})
+
+    @classmethod
+    def from_saved(cls, saved: dict[str, Any]) -> BM25Params:
+        """The settings saved with an index; a folder of an earlier version (no ``analyzer`` key) was
+        built with the ``bm25s`` preset's analyzer and exact lengths."""
+        known = {k: v for k, v in saved.items() if k in cls.__dataclass_fields__}
+        if "analyzer" not in known:
+            known = {"analyzer": "regex", "doc_length": "exact", "tie_break": "row", "preset": None, **known}
+        return cls(**known)
 
     def validate(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"unknown BM25 method {self.method!r}; choose one of {', '.join(METHODS)}")
+        if self.tie_break not in ("pyserini", "row"):
+            raise ValueError(f"unknown BM25 tie_break {self.tie_break!r}; choose pyserini or row")
+        if self.doc_length not in DOC_LENGTHS:
+            raise ValueError(f"unknown BM25 doc_length {self.doc_length!r}; choose one of {', '.join(DOC_LENGTHS)}")
+        self.make_analyzer()
+
+    def make_analyzer(self) -> Analyzer:
+        return make_analyzer(self.analyzer, self.stemmer, self.stopwords)
 
 
-# -- the formulas (as bm25s computes them, so a streamed build equals bm25s's) ---------------------
+# -- the formulas ---------------------------------------------------------------------------------
 
 
 def idf(method: str, df: int, n: int) -> float:
@@ -121,50 +182,62 @@ def idf_array(method: str, df: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarr
     return exact.astype(np.float32)[inverse], exact[inverse]
 
 
+def lucene_norm(length) -> np.ndarray:
+    """Lucene's one-byte document length (``SmallFloat.intToByte4``, the norm BM25Similarity stores):
+    lengths below 24 as they are; above, 24 + a float of 3 mantissa bits and a 5-bit exponent, i.e.
+    ``length - 24`` rounded down to 4 significant bits (61 is scored as 60, 101 as 96)."""
+    n = np.asarray(length, dtype=np.int64)
+    v = np.maximum(n - 24, 0)
+    bits = np.frexp(v.astype(np.float64))[1].astype(np.int64)  # bit length (exact below 2^53)
+    shift = np.maximum(bits - 4, 0)
+    code = np.where(bits < 4, v, ((v >> shift) & 7) | ((shift + 1) << 3))
+    return np.where(n < 24, n, 24 + code).astype(np.uint8)
+
+
+def lucene_length(norm) -> np.ndarray:
+    """The length Lucene scores with for a one-byte norm (``SmallFloat.byte4ToInt``), as float32."""
+    c = np.asarray(norm, dtype=np.int64)
+    v = np.maximum(c - 24, 0)
+    bits, shift = v & 7, (v >> 3) - 1
+    decoded = np.where(shift < 0, bits, (bits | 8) << np.maximum(shift, 0))
+    return np.where(c < 24, c, np.minimum(24 + decoded, 2**31 - 1)).astype(np.float32)
+
+
+LUCENE_LENGTHS = lucene_length(np.arange(256))
+"""The 256 lengths a one-byte norm stands for."""
+
+
+def doc_length_values(lens: np.ndarray, doc_length: str) -> np.ndarray:
+    """Per document, the length the scores use: Lucene's decoded one-byte norm (float32) or the count."""
+    if doc_length == "lucene":
+        return LUCENE_LENGTHS[lucene_norm(lens)]
+    return np.asarray(lens, dtype=np.float64)
+
+
+def term_scores(
+    params: BM25Params, idf32: np.ndarray, tf, dl: np.ndarray, avg_len: float, shift: np.ndarray | None = None
+) -> np.ndarray:
+    """float32 BM25 scores of postings (term IDF, term frequency, document length per posting).
+
+    Method ``lucene`` with Lucene's lengths computes as Lucene's ``BM25Similarity`` does, in float32:
+    ``w - w / (1 + tf * inv)`` with ``w = idf`` and ``inv = 1 / (k1 (1 - b + b dl / avgdl))`` (the same
+    value as ``idf tf / (tf + k1 L)``, rounded as Lucene rounds it); otherwise ``tf_component`` in
+    float64, as bm25s computes it, less ``shift`` (bm25l / bm25+: the score of a passage without the
+    term, added back at search time)."""
+    if params.method == "lucene" and params.doc_length == "lucene":
+        f32 = np.float32
+        k1, b, avg = f32(params.k1), f32(params.b), f32(avg_len)
+        inv = f32(1) / (k1 * ((f32(1) - b) + b * np.asarray(dl, dtype=f32) / avg))
+        w = np.asarray(idf32, dtype=f32)
+        return w - w / (f32(1) + np.asarray(tf, dtype=f32) * inv)
+    tfc = tf_component(params.method, tf, dl, avg_len, params.k1, params.b, params.delta)
+    score = np.asarray(idf32, dtype=np.float64) * tfc
+    if shift is not None:
+        score -= shift
+    return score.astype(np.float32)
+
+
 # -- tokens and the vocabulary ----------------------------------------------------------------------
-
-
-class Tokenizer:
-    """Lower-case word tokens (two or more word characters), minus stop words, stemmed (memoised)."""
-
-    def __init__(self, stemmer: str | None = "english", stopwords: str | None = "en"):
-        from bm25s.tokenization import _infer_stopwords
-
-        self.stopwords = frozenset(_infer_stopwords(stopwords)) if stopwords else frozenset()
-        if stemmer:
-            import Stemmer
-
-            try:
-                self._stemmer = Stemmer.Stemmer(stemmer)
-            except KeyError:
-                raise ValueError(
-                    f"unknown stemmer language {stemmer!r}; known: {', '.join(Stemmer.algorithms())}"
-                ) from None
-        else:
-            self._stemmer = None
-        self._cache: dict[str, str] = {}
-
-    def words(self, text: str) -> list[str]:
-        """The raw word tokens of ``text``, lower-cased (stop words and stems not applied yet)."""
-        return _TOKEN_RE.findall(text.lower())
-
-    def stem(self, word: str) -> str:
-        return word if self._stemmer is None else self._stemmer.stemWord(word)
-
-    def __call__(self, text: str) -> list[str]:
-        words = [w for w in self.words(text) if w not in self.stopwords]
-        if self._stemmer is None:
-            return words
-        cache = self._cache
-        out = []
-        for w in words:
-            s = cache.get(w)
-            if s is None:
-                s = self._stemmer.stemWord(w)
-                if len(cache) < 1_000_000:
-                    cache[w] = s
-            out.append(s)
-        return out
 
 
 def term_hash(term: str, salt: int = 0) -> int:
@@ -252,14 +325,12 @@ class ScoreMatrix:
         return self.term_max
 
 
-def write_params(
-    out: Path, params: BM25Params, num_docs: int, vocab_terms: Sequence[str] | None, vocab_salt: int
-) -> None:
+def write_params(out: Path, params: BM25Params, num_docs: int, vocab_size: int | None, vocab_salt: int) -> None:
     """``params.index.json`` (bm25s's keys plus the vocabulary hash salt) and ``tokenizer.json``."""
     meta = {
         "k1": params.k1, "b": params.b, "delta": params.delta, "method": params.method,
         "idf_method": params.method, "dtype": "float32", "int_dtype": "int32", "num_docs": num_docs,
-        "vocab_salt": vocab_salt, "vocab_size": len(vocab_terms) if vocab_terms is not None else None,
+        "vocab_salt": vocab_salt, "vocab_size": vocab_size,
     }  # fmt: skip
     (out / PARAMS_FILE).write_text(json.dumps(meta, indent=2))
     (out / TOKENIZER_FILE).write_text(json.dumps(asdict(params), indent=2))
@@ -297,23 +368,6 @@ def load_matrix(src: Path, mmap: bool = True) -> tuple[ScoreMatrix, object, dict
     return matrix, vocab, meta
 
 
-def build_bm25_model(docs: Iterable[Document], params: BM25Params):
-    """A ``bm25s.BM25`` index of documents held in memory (title + text), for small corpora;
-    ``searchr1.retrieval.bm25_build`` builds the same scores streaming, within bounded memory."""
-    import bm25s
-
-    tok = Tokenizer(params.stemmer, params.stopwords)
-    vocab: dict[str, int] = {}
-    corpus_ids = [[vocab.setdefault(t, len(vocab)) for t in tok(f"{d.title} {d.text}")] for d in docs]
-    if not corpus_ids:
-        raise ValueError("cannot build a BM25 index from an empty corpus")
-    if not vocab:
-        vocab["\x00"] = 0  # a corpus of stop words only: keep bm25s happy, nothing will match
-    model = bm25s.BM25(k1=params.k1, b=params.b, delta=params.delta, method=params.method)
-    model.index((corpus_ids, vocab), show_progress=False)
-    return model
-
-
 # -- search -------------------------------------------------------------------------------------------
 
 
@@ -331,7 +385,7 @@ class BM25Retriever(Retriever):
         self.vocab = vocab
         self.docs = docs
         self.params = params
-        self.tokenizer = Tokenizer(params.stemmer, params.stopwords)
+        self.analyzer = params.make_analyzer()
         # plain ndarray views of memory maps: slicing a numpy.memmap costs a Python call per slice
         self._data, self._indices = np.asarray(matrix.data), np.asarray(matrix.indices)
         self._indptr = np.asarray(matrix.indptr)
@@ -346,24 +400,15 @@ class BM25Retriever(Retriever):
     def from_documents(
         cls, docs: Iterable[Document], params: BM25Params | None = None, **overrides
     ) -> BM25Retriever:
-        """Index documents in memory (nothing is written to disk)."""
-        params = params or BM25Params(**overrides)
+        """Index documents in memory (nothing is written to disk); ``overrides`` change the default
+        (``pyserini``) settings, ``preset="bm25s"`` starts from the former ones."""
+        from searchr1.retrieval.bm25_build import build_matrix
+
+        params = params or BM25Params.from_preset(**overrides)
         params.validate()
         store = DocStore(list(docs))
-        return cls.from_model(build_bm25_model(store._docs, params), store, params)
-
-    @classmethod
-    def from_model(cls, model, docs: DocStore, params: BM25Params) -> BM25Retriever:
-        """Wrap a ``bm25s.BM25`` model."""
-        s = model.scores
-        matrix = ScoreMatrix(
-            s["data"],
-            s["indices"],
-            s["indptr"],
-            int(s["num_docs"]),
-            getattr(model, "nonoccurrence_array", None),
-        )
-        return cls(matrix, DictVocabulary(model.vocab_dict), docs, params)
+        matrix, terms = build_matrix(store._docs, params)
+        return cls(matrix, DictVocabulary({t: i for i, t in enumerate(terms)}), store, params)
 
     @classmethod
     def from_corpus(cls, path: str | Path, chunk_size: int | None = None, overlap: int = 0, **overrides):
@@ -386,15 +431,14 @@ class BM25Retriever(Retriever):
         else:
             terms = self.vocab.terms()
         salt = write_vocabulary(out, terms)
-        write_params(out, self.params, m.num_docs, terms, salt)
+        write_params(out, self.params, m.num_docs, len(terms), salt)
 
     @classmethod
     def load(cls, folder: str | Path, docs: DocStore, mmap: bool = True) -> BM25Retriever:
         """Open ``folder/bm25``; with ``mmap`` the score arrays stay on disk (page cache, not RSS)."""
         src = Path(folder) / BM25_DIR
-        known = set(BM25Params.__dataclass_fields__)
         saved = json.loads((src / TOKENIZER_FILE).read_text())
-        params = BM25Params(**{k: v for k, v in saved.items() if k in known})
+        params = BM25Params.from_saved(saved)
         matrix, vocab, meta = load_matrix(src, mmap=mmap)
         if "delta" not in saved and "delta" in meta:
             params.delta = float(meta["delta"])
@@ -404,7 +448,7 @@ class BM25Retriever(Retriever):
 
     def term_ids(self, query: str) -> list[int]:
         """Column ids of the query's terms (repeated terms repeated, unknown ones dropped)."""
-        return self.vocab.lookup(self.tokenizer(query))
+        return self.vocab.lookup(self.analyzer(query))
 
     def scores(self, query: str) -> np.ndarray | None:
         """BM25 score of every document for ``query`` (None when no query term is in the vocabulary)."""
@@ -422,33 +466,35 @@ class BM25Retriever(Retriever):
     def search(self, queries: Sequence[str], topk: int) -> list[list[Hit]]:
         return [self._search_one(q, topk) for q in queries]
 
-    def top(self, query: str, topk: int) -> tuple[np.ndarray, np.ndarray]:
+    def top(self, query: str, topk: int, ties: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """(rows, float32 scores) of the ``topk`` best documents holding a query term (every document
-        for bm25l / bm25+, whose scores are shifted), by score then row; exact."""
+        for bm25l / bm25+, whose scores are shifted), by score then row; exact. ``ties``: also every
+        document tied with the ``topk``-th (so that another tie-break can choose among them)."""
         ids = self.term_ids(query)
         if not ids or topk <= 0:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
         terms, weights = np.unique(np.asarray(ids, dtype=np.int64), return_counts=True)
         postings = int((self._indptr[terms + 1] - self._indptr[terms]).sum())
         if self._nonoccurrence is not None or topk >= self._num_docs:
-            rows, scores = _best(np.arange(self._num_docs), self.scores(query), topk)
-            return rows, scores
+            return _best(np.arange(self._num_docs), self.scores(query), topk, ties)
         if not self._prune or postings < self.PROBE_BELOW:
-            return self._top_sorted(terms, weights, topk)
-        return self._top_maxscore(terms, weights, topk)
+            return self._top_sorted(terms, weights, topk, ties)
+        return self._top_maxscore(terms, weights, topk, ties)
 
     def _column(self, t: int) -> tuple[np.ndarray, np.ndarray]:
         s, e = int(self._indptr[t]), int(self._indptr[t + 1])
         return self._indices[s:e], self._data[s:e]
 
-    def _top_sorted(self, terms: np.ndarray, weights: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def _top_sorted(
+        self, terms: np.ndarray, weights: np.ndarray, k: int, ties: bool = False
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Every posting of the query's columns, summed per document through a sort."""
         cols = [self._column(int(t)) for t in terms]
         idx = np.concatenate([c[0] for c in cols])
         val = np.concatenate([c[1].astype(np.float64) * w for c, w in zip(cols, weights, strict=True)])
         rows, inverse = np.unique(idx, return_inverse=True)
         sums = np.bincount(inverse, weights=val, minlength=len(rows)).astype(np.float32)
-        return _best(rows, sums, k)
+        return _best(rows, sums, k, ties)
 
     def _accumulator(self) -> np.ndarray:
         """A zeroed float64 score per document, one per thread, reused by every query (zeroed after)."""
@@ -475,7 +521,9 @@ class BM25Retriever(Retriever):
             return np.asarray(rows)
         return np.asarray(rows[np.argpartition(-vals, self.SEEDS - 1)[: self.SEEDS]])
 
-    def _top_maxscore(self, terms: np.ndarray, weights: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def _top_maxscore(
+        self, terms: np.ndarray, weights: np.ndarray, k: int, ties: bool = False
+    ) -> tuple[np.ndarray, np.ndarray]:
         """MaxScore (see the module docstring). The threshold starts from the full scores of the best
         documents of the columns with the largest bounds (found by probing every column), so the
         long low-IDF columns are usually never scanned, only probed for the few candidates left."""
@@ -517,27 +565,42 @@ class BM25Retriever(Retriever):
             self._probe(cand, score, terms[j : j + 1], weights[j : j + 1])
             if len(score) > k and j + 1 < len(order) and len(score) > 64:
                 theta = max(theta, float(np.partition(score, len(score) - k)[len(score) - k]))
-        return _best(cand, score.astype(np.float32), k)
+        return _best(cand, score.astype(np.float32), k, ties)
 
     def _search_one(self, query: str, topk: int) -> list[Hit]:
-        rows, scores = self.top(query, topk)
+        pyserini = self.params.tie_break == "pyserini"
+        rows, scores = self.top(query, topk, ties=pyserini)
+        keep = scores > 0.0
+        rows, scores = rows[keep], scores[keep]
+        if pyserini:
+            rows, scores = self._pyserini_order(rows, scores, topk)
         hits = []
         for row, score in zip(rows, scores, strict=True):
-            if score <= 0.0:
-                break
             doc = self.docs[int(row)]
             hits.append(Hit(doc.id, doc.title, doc.text, float(score)))
         return hits
+
+    def _pyserini_order(self, rows: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Anserini's order of hits: by score, ties by passage id (as text, ascending); the scores are
+        reported rounded to 4 decimals (as pyserini reports them)."""
+        if len(rows) > k or (len(rows) > 1 and np.any(scores[1:] == scores[:-1])):
+            ids = [self.docs.doc_id(int(r)) for r in rows]
+            order = sorted(range(len(rows)), key=lambda i: (-float(scores[i]), ids[i]))[:k]
+            rows, scores = rows[order], scores[order]
+        return rows, np.round(scores.astype(np.float64), 4)
 
     def close(self) -> None:
         self.docs.close()
 
 
-def _best(rows: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """The ``k`` best (row, score) pairs, by score descending then row ascending."""
+def _best(rows: np.ndarray, scores: np.ndarray, k: int, ties: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """The ``k`` best (row, score) pairs, by score descending then row ascending (``ties``: and every
+    pair tied with the k-th)."""
     if len(rows) > k:
         kth = np.partition(scores, len(scores) - k)[len(scores) - k]
         keep = scores >= kth  # ties at the k-th score all stay, the row order settles them
         rows, scores = rows[keep], scores[keep]
-    order = np.lexsort((rows, -scores))[:k]
+    order = np.lexsort((rows, -scores))
+    if not ties:
+        order = order[:k]
     return rows[order], scores[order]

@@ -80,6 +80,8 @@ def _standard_re() -> re.Pattern:
     return re.compile(rf"[{_CJK}]|{word}(?:{join}{word})*")
 
 
+_ASCII_RE = re.compile(r"[a-z0-9_]+(?:(?:(?<=[a-z])[:.'](?=[a-z])|(?<=[0-9])[.,;'](?=[0-9]))[a-z0-9_]+)*")
+"""``_standard_re`` for lower-case ASCII text (most of it: one simple class instead of Unicode's)."""
 _POSSESSIVE = ("'s", "’s", "＇s")
 _JAVA_LOWER = str.maketrans({"Σ": "σ", "İ": "i"})
 """Where Python's ``str.lower`` differs from Java's per-character ``toLowerCase``."""
@@ -201,12 +203,12 @@ class LuceneEnglishAnalyzer(Analyzer):
         )
 
     def words(self, text: str) -> list[str]:
-        out = _standard_re().findall(text.translate(_JAVA_LOWER).lower())
-        for i, w in enumerate(out):
-            if len(w) > 2 and w.endswith(_POSSESSIVE):
-                out[i] = w = w[:-2]
-            if len(w) > MAX_TOKEN_CHARS:
-                return [p for t in out for p in _cut(t)]
+        text = text.lower() if text.isascii() else text.translate(_JAVA_LOWER).lower()
+        out = (_ASCII_RE if text.isascii() else _standard_re()).findall(text)
+        if "'" in text or "’" in text or "＇" in text:
+            out = [w[:-2] if len(w) > 2 and w.endswith(_POSSESSIVE) else w for w in out]
+        if len(text) > MAX_TOKEN_CHARS and max(map(len, out), default=0) > MAX_TOKEN_CHARS:
+            out = [p for t in out for p in _cut(t)]
         return out
 
     def stem(self, word: str) -> str:

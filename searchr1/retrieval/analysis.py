@@ -109,8 +109,9 @@ class Analyzer:
 
     name = "analyzer"
     stopwords: frozenset[str] = frozenset()
-    CACHE_LIMIT = 1_000_000
-    """Surface words whose stem is remembered (the memo is emptied when it reaches this size)."""
+    CACHE_LIMIT = 200_000
+    """Surface words whose stem is remembered (the memo, ~25 MB at most, is emptied when it reaches
+    this size: a bound on the memory of a build, whatever the vocabulary of its corpus)."""
 
     def __init__(self) -> None:
         self._cache: dict[str, str] = {}

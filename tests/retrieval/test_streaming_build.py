@@ -79,6 +79,24 @@ def test_each_merged_range_holds_at_most_the_budget_unless_it_stands_alone():
         assert [g[0] for g in groups[1:]] == [g[1] for g in groups[:-1]]  # contiguous, in hash order
 
 
+def test_terms_whose_first_hashes_collide_get_columns_of_their_own_and_the_vocabulary_is_hashed_again(
+    tmp_path, monkeypatch
+):
+    real = bm25_build.term_key
+    monkeypatch.setattr(bm25_build, "term_key", lambda t: (7, real(t)[1]))  # every first hash the same
+    docs = _zipf_docs(120, seed=5)
+    build_index(write_corpus(docs, tmp_path / "c.jsonl"), tmp_path / "idx", chunk_passages=30, show_progress=False)
+    streamed = load_index(tmp_path / "idx")
+    hashes = np.load(tmp_path / "idx" / "bm25" / "vocab.hash.npy")  # hashed again: distinct, sorted
+    assert len(np.unique(hashes)) == len(hashes) == len(in_memory_terms := streamed.vocab.terms())
+    assert np.all(hashes[1:] > hashes[:-1]) and len(in_memory_terms) > 100
+    in_memory = BM25Retriever.from_documents(docs)
+    assert np.array_equal(streamed.matrix.data, in_memory.matrix.data)
+    queries = [" ".join(d.text.split()[:3]) for d in docs[::5]]
+    assert streamed.search(queries, 5) == in_memory.search(queries, 5)
+    assert all(streamed.search([t], 1)[0] for t in ("w1x", "w2x", "t3x"))
+
+
 def test_the_bm25s_preset_scores_as_bm25s_does():
     import bm25s
 

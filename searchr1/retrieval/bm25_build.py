@@ -624,7 +624,7 @@ class BM25StreamBuilder:
         return sum(r.n_postings for r in self.runs())
 
     def finish(
-        self, out: str | Path, memory_mb: float = 1024, progress: Callable[[int], None] | None = None
+        self, out: str | Path, memory_mb: float = 512, progress: Callable[[int], None] | None = None
     ) -> int:
         """Merge the runs into the index files in ``out`` (the ``bm25`` folder); returns the passage
         count. ``progress(n)`` is called with the postings placed so far. On a full disk the partial

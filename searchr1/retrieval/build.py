@@ -65,7 +65,7 @@ class BuildRequest:
     """None: refuse when an unfinished build is in ``out``; True: continue it; False: start again."""
     chunk_passages: int = 50_000
     """Passages per chunk: the unit of memory (one chunk's tokens or vectors) and of checkpoints."""
-    memory_mb: float = 1024
+    memory_mb: float = 512
     """BM25: the postings merged at a time in the final pass (``bm25_build.BYTES_PER_POSTING`` each);
     with one chunk of the first pass, what bounds the build's memory."""
     dense: dict[str, Any] = field(default_factory=dict)

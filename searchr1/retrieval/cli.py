@@ -106,8 +106,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--doc-length", default=None, choices=["lucene", "exact"],
                    help="document lengths as Lucene stores them (one byte) or exact (pyserini: lucene)")  # fmt: skip
     g.add_argument(
-        "--memory-mb", type=int, default=1024,
-        help="postings merged at a time in the final pass, in MB (default 1024): with one chunk "
+        "--memory-mb", type=int, default=512,
+        help="postings merged at a time in the final pass, in MB (default 512): with one chunk "
         "(--chunk-passages) of the first pass, what bounds the build's memory",
     )  # fmt: skip
     g = b.add_argument_group("dense")

@@ -822,9 +822,11 @@ def _bm25_size(n: int, args, workdir: Path, rows: dict, log: Path, seed: int) ->
 
 
 def _sweep(kind: str, nlist: int) -> list[dict[str, int]] | None:
-    """Query-time settings tried in turn until recall@3 reaches --target-recall (IVF: nprobe up to a
-    quarter of the cells; re-scoring: nprobe and candidates per hit; HNSW: efSearch)."""
-    probes = [v for v in (8, 16, 32, 64, 128, 256, 512, 1024) if v <= max(8, nlist // 4)]
+    """Query-time settings tried in turn, cheapest first, until recall@3 reaches --target-recall (IVF:
+    nprobe up to half the cells -- on 768-d generated vectors the partition, not the codes, limits
+    recall: 0.92 at half of 1,024 cells at 250k; re-scoring: nprobe and candidates per hit; HNSW:
+    efSearch)."""
+    probes = [v for v in (8, 16, 32, 64, 128, 256, 512, 1024, 2048) if v <= max(8, nlist // 2)]
     if kind == "ivfpq-rerank":
         return [{"nprobe": v, "rerank": r} for v in probes for r in (16, 64) if v >= 16]
     if "ivf" in kind:

@@ -26,7 +26,6 @@ the index ~8 bytes a posting.
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import math
 import os
@@ -39,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from searchr1.retrieval.analysis import Analyzer
-from searchr1.retrieval.bm25 import (
+from searchr1.retrieval.bm25_index import (
     DATA_FILE,
     INDICES_FILE,
     INDPTR_FILE,
@@ -53,6 +52,7 @@ from searchr1.retrieval.bm25 import (
     ScoreMatrix,
     doc_length_values,
     idf_array,
+    term_hash,
     term_scores,
     tf_component,
     write_params,
@@ -90,11 +90,8 @@ def _write(fh, data) -> None:
 
 def term_key(term: str) -> tuple[int, int]:
     """Two independent 64-bit BLAKE2b hashes of a term: the first orders the columns and is the
-    vocabulary's lookup hash (``bm25.term_hash`` with salt 0), the pair identifies the term."""
-    data = term.encode("utf-8")
-    h1 = hashlib.blake2b(data, digest_size=8, salt=(0).to_bytes(8, "little")).digest()
-    h2 = hashlib.blake2b(data, digest_size=8, salt=(1).to_bytes(8, "little")).digest()
-    return int.from_bytes(h1, "little"), int.from_bytes(h2, "little")
+    vocabulary's lookup hash (``term_hash`` with salt 0), the pair identifies the term."""
+    return term_hash(term, 0), term_hash(term, 1)
 
 
 class ChunkTerms:

@@ -142,11 +142,11 @@ def test_hashed_vocabulary_finds_every_term_and_resolves_collisions(monkeypatch)
     terms = [f"term{i}" for i in range(500)]
     _, ids, salt = hash_terms(terms)
     assert salt == 0 and sorted(ids.tolist()) == list(range(500))
-    from searchr1.retrieval import bm25
+    from searchr1.retrieval import bm25_index
 
-    real = bm25.term_hash
-    monkeypatch.setattr(bm25, "term_hash", lambda t, s=0: 7 if s == 0 else real(t, s))  # all collide
-    _, _, salt = bm25.hash_terms(terms)
+    real = bm25_index.term_hash
+    monkeypatch.setattr(bm25_index, "term_hash", lambda t, s=0: 7 if s == 0 else real(t, s))  # all collide
+    _, _, salt = bm25_index.hash_terms(terms)
     assert salt == 1
 
 

@@ -12,11 +12,11 @@ Pass 2 (``finish``). N, avgdl and each term's document frequency are known only 
 space is cut into ranges holding about ``memory_mb`` worth of postings (counted exactly from the runs'
 term tables), and each range is merged on its own: every run's terms and postings of the range are
 read, terms with the same key become one column, their postings concatenated in run order (so each
-column's passages come out ascending), scored (``bm25.term_scores``) and appended to the index files.
+column's passages come out ascending), scored (``bm25_index.term_scores``) and appended to the index files.
 Columns are in key order, so the index's vocabulary hashes come out sorted, ready for the binary search
 of ``HashedVocabulary``; two terms whose first hashes collide (odds ~1e-5 for 21M terms) get separate
 columns and the vocabulary is hashed again with another salt. Memory: ``memory_mb`` of postings
-(``BYTES_PER_POSTING`` each while merged), the runs' cut points, and 4 bytes per passage (lengths).
+(``BYTES_PER_POSTING`` each while merged), the runs' cut points, and 8 bytes per passage (lengths).
 
 ``build_matrix`` builds the same index in memory (one run, one range) for small corpora; the streamed
 build equals it array for array. Disk while building: ~9 bytes a posting in runs (freed at the end),

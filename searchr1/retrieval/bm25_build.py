@@ -1,79 +1,123 @@
-"""Streaming BM25 build: the scores of ``searchr1.retrieval.bm25`` within bounded memory, resumable.
+"""BM25 index builds whose memory is bounded by a setting, not by the corpus: sorted runs spilled to disk
+and merged, as Lucene writes segments and merges them (an external merge sort of the postings).
 
-Pass 1 reads the corpus chunk by chunk. Each chunk's passages are tokenised and turned into postings
-(term, document, term frequency), sorted by term and written as a *run* (``run_K.*.npy`` files in the
-build folder) with the chunk's document lengths and the terms it saw first. Only the vocabulary
-(term -> column id) and one chunk are in memory; a finished run is a checkpoint.
+Pass 1 (``add_chunk``, one call per chunk of passages, in corpus order). The chunk is analysed and its
+postings (term, passage, term frequency) are sorted into a *run*: the chunk's distinct terms in the
+order of their 128-bit keys (two 64-bit BLAKE2b hashes, ``term_key``), each with its postings, passages
+ascending. The run is written to one file in the spill folder (a temporary name, fsync'ed, renamed), so
+a finished run is a checkpoint; nothing of it stays in memory. Memory: one chunk (``chunk_passages``)
+and a bounded memo of stems.
 
-Pass 2 needs the corpus statistics, known only at the end: N, avgdl and each term's document frequency
-(its number of postings). It fills the CSC score matrix one range of columns at a time, the range
-sized to ``memory_mb``: for each run in corpus order, the run's postings of those columns are scored
-(``bm25.idf``, ``bm25.tf_component``) and dropped at their place, so each column's documents come out
-ascending, as bm25s orders them. The result equals a one-shot ``bm25s`` build of the same passages
-(the same column ids, in order of first appearance, and the same float32 scores).
+Pass 2 (``finish``). N, avgdl and each term's document frequency are known only now. The 64-bit hash
+space is cut into ranges holding about ``memory_mb`` worth of postings (counted exactly from the runs'
+term tables), and each range is merged on its own: every run's terms and postings of the range are
+read, terms with the same key become one column, their postings concatenated in run order (so each
+column's passages come out ascending), scored (``bm25_index.term_scores``) and appended to the index files.
+Columns are in key order, so the index's vocabulary hashes come out sorted, ready for the binary search
+of ``HashedVocabulary``; two terms whose first hashes collide (odds ~1e-5 for 21M terms) get separate
+columns and the vocabulary is hashed again with another salt. Memory: ``memory_mb`` of postings
+(``BYTES_PER_POSTING`` each while merged), the runs' cut points, and 8 bytes per passage (lengths).
 
-Memory: the vocabulary, 4 bytes per passage (lengths), ``memory_mb`` of column buffers and one chunk.
-Disk while building: ~10 bytes per posting in runs, freed at the end; the index ~8 bytes per posting.
+``build_matrix`` builds the same index in memory (one run, one range) for small corpora; the streamed
+build equals it array for array. Disk while building: ~9 bytes a posting in runs (freed at the end),
+the index about as much (measured on 250k generated passages: 121 MB of runs, 129 MB of index).
 """
 
 from __future__ import annotations
 
+import errno
+import json
+import math
+import os
+import shutil
+from array import array
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from searchr1.retrieval.bm25 import (
+from searchr1.retrieval.analysis import Analyzer
+from searchr1.retrieval.bm25_index import (
     DATA_FILE,
     INDICES_FILE,
     INDPTR_FILE,
     NONOCCURRENCE_FILE,
     NONOCCURRENCE_METHODS,
     TERM_MAX_FILE,
+    VOCAB_HASH_FILE,
+    VOCAB_IDS_FILE,
+    VOCAB_TEXT_FILE,
     BM25Params,
-    Tokenizer,
+    ScoreMatrix,
+    doc_length_values,
     idf_array,
+    term_hash,
+    term_scores,
     tf_component,
     write_params,
     write_vocabulary,
 )
-from searchr1.retrieval.checkpoint import fsync_file
 from searchr1.retrieval.corpus import Document
 
-RUN_PARTS = ("terms", "docs", "tf", "lens")
-WORD_CACHE_LIMIT = 4_000_000
-"""Surface words remembered with their column id (beyond it, words are stemmed again each time)."""
+RUN_SUFFIX = ".run"
+BYTES_PER_POSTING = 64
+"""Memory a posting takes while its range is merged (the run's 6 bytes read, sort keys and order,
+gathered lengths, scores; measured 40-60 bytes on 250k generated passages): ``memory_mb`` / this =
+postings merged at a time."""
+RANGES_PER_BUDGET = 8
+"""Hash ranges cut per ``memory_mb`` worth of postings; neighbouring ones are merged together up to it."""
+RUN_BYTES_PER_POSTING = 9
+"""A run's bytes a posting (6 for the posting, the rest its term's entry), measured on generated passages."""
+MAX_TF = np.iinfo(np.uint16).max
+EMPTY_TERM = "\x00"
+"""The one (empty) column of a corpus of stop words only."""
 
 
-def _run_path(folder: Path, k: int, part: str) -> Path:
-    suffix = "vocab.txt" if part == "vocab" else f"{part}.npy"
-    return folder / f"run_{k:06d}.{suffix}"
+class SpillDiskFull(OSError):
+    """The disk filled while a run or the index was written; the partial file is already removed."""
+
+    def __init__(self, folder: Path, needed: int, cause: OSError):
+        super().__init__(errno.ENOSPC, cause.strerror or "No space left on device", str(folder))
+        self.folder, self.needed = folder, needed
 
 
-class TermIds:
-    """Word -> column id: stop words are -1, a new stem gets the next id (order of first appearance)."""
+def _write(fh, data) -> None:
+    """Every byte of a run or of the index goes through here (a test fills the disk at a chosen byte)."""
+    fh.write(data if isinstance(data, bytes) else np.ascontiguousarray(data).tobytes())
 
-    def __init__(self, tokenizer: Tokenizer, terms: Sequence[str] = ()):
-        self.tokenizer = tokenizer
-        self.vocab: dict[str, int] = {t: i for i, t in enumerate(terms)}
-        self.terms: list[str] = list(terms)
+
+# -- terms -------------------------------------------------------------------------------------------
+
+
+def term_key(term: str) -> tuple[int, int]:
+    """Two independent 64-bit BLAKE2b hashes of a term: the first orders the columns and is the
+    vocabulary's lookup hash (``term_hash`` with salt 0), the pair identifies the term."""
+    return term_hash(term, 0), term_hash(term, 1)
+
+
+class ChunkTerms:
+    """Surface word -> column of one chunk (-1: a stop word), through the analyzer's memo of stems."""
+
+    def __init__(self, analyzer: Analyzer):
+        self.analyzer = analyzer
+        self.ids: dict[str, int] = {}
+        self.terms: list[str] = []
         self._words: dict[str, int] = {}
 
     def _miss(self, word: str) -> int:
-        if word in self.tokenizer.stopwords:
+        if word in self.analyzer.stopwords:
             tid = -1
         else:
-            stem = self.tokenizer.stem(word)
-            tid = self.vocab.get(stem, -1)
+            stem = self.analyzer.cached_stem(word)
+            tid = self.ids.get(stem, -1)
             if tid < 0:
-                tid = self.vocab[stem] = len(self.terms)
+                tid = self.ids[stem] = len(self.terms)
                 self.terms.append(stem)
-        if len(self._words) < WORD_CACHE_LIMIT:
-            self._words[word] = tid
+        self._words[word] = tid
         return tid
 
     def __call__(self, words: list[str]) -> list[int]:
-        """Column ids of ``words`` (stop words as -1)."""
         get = self._words.get
         ids = [get(w, -2) for w in words]
         if -2 in ids:
@@ -81,137 +125,535 @@ class TermIds:
         return ids
 
 
+# -- runs ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    """One chunk's postings: terms in key order (``h1``, ``h2``, their text), term t's postings at
+    ``ptr[t]:ptr[t+1]`` of ``docs`` (global passage rows, ascending) and ``tf``; ``lens`` per passage."""
+
+    h1: np.ndarray
+    h2: np.ndarray
+    ptr: np.ndarray
+    text: bytes
+    """The terms in key order, each followed by a newline (UTF-8)."""
+    text_ptr: np.ndarray
+    docs: np.ndarray
+    tf: np.ndarray
+    lens: np.ndarray
+    base: int
+
+    @property
+    def n_terms(self) -> int:
+        return len(self.h1)
+
+    @property
+    def n_postings(self) -> int:
+        return int(self.ptr[-1])
+
+    @property
+    def n_docs(self) -> int:
+        return len(self.lens)
+
+    def hashes(self) -> np.ndarray:
+        return self.h1
+
+    def slice(
+        self, t0: int, t1: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str], np.ndarray, np.ndarray]:
+        """Terms ``t0:t1``: (h1, h2, postings per term, terms, docs, tf)."""
+        p0, p1 = int(self.ptr[t0]), int(self.ptr[t1])
+        terms = _split(self.text[int(self.text_ptr[t0]) : int(self.text_ptr[t1])])
+        return (
+            self.h1[t0:t1],
+            self.h2[t0:t1],
+            np.diff(self.ptr[t0 : t1 + 1]),
+            terms,
+            self.docs[p0:p1],
+            self.tf[p0:p1],
+        )
+
+    def lengths(self) -> np.ndarray:
+        return self.lens
+
+    def cuts(self, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(term index, posting index) at each hash bound."""
+        t = np.searchsorted(self.hashes(), bounds, side="left")
+        return t, self.ptr[t]
+
+
+def _split(blob: bytes) -> list[str]:
+    return blob.decode("utf-8").split("\n")[:-1] if blob else []
+
+
+def make_run(docs: Sequence[Document], analyzer: Analyzer, base: int) -> Run:
+    """Analyse passages ``base``, ``base + 1``, ... into a run (terms in key order)."""
+    chunk = ChunkTerms(analyzer)
+    words = analyzer.words
+    flat = array("i")  # 4 bytes a token (a list would hold an 8-byte pointer and often a 28-byte int)
+    sizes = np.empty(len(docs), dtype=np.int64)
+    for j, d in enumerate(docs):
+        ids = chunk(words(f"{d.title} {d.text}"))
+        flat.extend(ids)
+        sizes[j] = len(ids)
+    ids_arr = np.frombuffer(flat, dtype=np.int32)
+    doc_local = np.repeat(np.arange(len(docs), dtype=np.int32), sizes)
+    kept = ids_arr >= 0
+    ids_arr, doc_local = ids_arr[kept], doc_local[kept]
+    del flat, kept
+    lens = np.bincount(doc_local, minlength=len(docs)).astype(np.uint32)
+    terms = chunk.terms
+    keys = [term_key(t) for t in terms]
+    h1 = np.fromiter((k[0] for k in keys), dtype=np.uint64, count=len(terms))
+    h2 = np.fromiter((k[1] for k in keys), dtype=np.uint64, count=len(terms))
+    order = np.lexsort((h2, h1))
+    rank = np.empty(len(terms), dtype=np.int64)
+    rank[order] = np.arange(len(terms))
+    n = max(len(docs), 1)
+    key = rank[ids_arr]  # (term rank, passage) as one sortable int64, sorted in place
+    key *= n
+    key += doc_local
+    del ids_arr, doc_local
+    key.sort()
+    first = np.ones(len(key), dtype=bool)
+    first[1:] = key[1:] != key[:-1]
+    starts = np.flatnonzero(first)
+    del first
+    tf = np.diff(np.append(starts, len(key)))
+    uniq = key[starts]
+    del key, starts
+    ptr = np.zeros(len(terms) + 1, dtype=np.int64)
+    np.cumsum(np.bincount(uniq // n, minlength=len(terms)), out=ptr[1:])
+    encoded = [terms[i].encode("utf-8") + b"\n" for i in order]
+    text_ptr = np.zeros(len(terms) + 1, dtype=np.int64)
+    np.cumsum([len(e) for e in encoded], out=text_ptr[1:])
+    return Run(
+        h1[order], h2[order], ptr, b"".join(encoded), text_ptr,
+        (uniq % n + base).astype(np.uint32), np.minimum(tf, MAX_TF).astype(np.uint16), lens, base,
+    )  # fmt: skip
+
+
+_SECTIONS = {"h1": np.uint64, "h2": np.uint64, "ptr": np.int64, "text_ptr": np.int64, "text": np.uint8,
+             "docs": np.uint32, "tf": np.uint16, "lens": np.uint32}  # fmt: skip
+_ALIGN = 64
+
+
+def write_run(path: Path, run: Run) -> int:
+    """Write ``run`` to ``path`` durably (temporary name, fsync, rename); returns its bytes. A header
+    (8-byte length + JSON naming each section's offset and count) precedes the aligned sections."""
+    arrays = {name: getattr(run, name) for name in _SECTIONS}
+    arrays["text"] = np.frombuffer(run.text, dtype=np.uint8)
+    layout, offset = {}, 0
+    for name, arr in arrays.items():
+        layout[name] = [offset, len(arr)]
+        offset += -(-np.asarray(arr).nbytes // _ALIGN) * _ALIGN
+    header = json.dumps({"version": 1, "base": run.base, "sections": layout}).encode()
+    start = -(-(8 + len(header)) // _ALIGN) * _ALIGN
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with tmp.open("wb") as fh:
+            _write(fh, len(header).to_bytes(8, "little") + header + b"\0" * (start - 8 - len(header)))
+            for name, arr in arrays.items():
+                raw = np.ascontiguousarray(arr, dtype=_SECTIONS[name])
+                _write(fh, raw)
+                _write(fh, b"\0" * (-raw.nbytes % _ALIGN))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return start + offset
+
+
+class RunFile:
+    """A run on disk, read section by section (plain reads: nothing is memory-mapped, so what is read
+    is what the process holds)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        with path.open("rb") as fh:
+            size = int.from_bytes(fh.read(8), "little")
+            meta = json.loads(fh.read(size))
+        self.base = int(meta["base"])
+        self._start = -(-(8 + size) // _ALIGN) * _ALIGN
+        self._layout = meta["sections"]
+        self.n_terms = self._layout["h1"][1]
+        self.n_docs = self._layout["lens"][1]
+        self.n_postings = self._layout["docs"][1]
+
+    def _read(self, name: str, lo: int = 0, hi: int | None = None) -> np.ndarray:
+        offset, count = self._layout[name]
+        hi = count if hi is None else hi
+        dtype = np.dtype(_SECTIONS[name])
+        if hi <= lo:
+            return np.zeros(0, dtype=dtype)
+        return np.fromfile(
+            self.path, dtype=dtype, count=hi - lo, offset=self._start + offset + lo * dtype.itemsize
+        )
+
+    def hashes(self) -> np.ndarray:
+        return self._read("h1")
+
+    def lengths(self) -> np.ndarray:
+        return self._read("lens")
+
+    def cuts(self, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        t = np.searchsorted(self.hashes(), bounds, side="left")
+        ptr = self._read("ptr")
+        return t, ptr[t]
+
+    def slice(self, t0: int, t1: int):
+        ptr = self._read("ptr", t0, t1 + 1)
+        tp = self._read("text_ptr", t0, t1 + 1)
+        text = self._read("text", int(tp[0]), int(tp[-1])).tobytes() if t1 > t0 else b""
+        p0, p1 = (int(ptr[0]), int(ptr[-1])) if t1 > t0 else (0, 0)
+        return (self._read("h1", t0, t1), self._read("h2", t0, t1), np.diff(ptr), _split(text),
+                self._read("docs", p0, p1), self._read("tf", p0, p1))  # fmt: skip
+
+
+# -- the merge ----------------------------------------------------------------------------------------
+
+
+class ArraySink:
+    """Collects the merged columns in memory (``build_matrix``)."""
+
+    def __init__(self) -> None:
+        self.parts: dict[str, list] = {"h1": [], "df": [], "rows": [], "data": []}
+        self.terms: list[str] = []
+        self.collision = False
+
+    def add(
+        self, h1: np.ndarray, terms: list[str], df: np.ndarray, rows: np.ndarray, data: np.ndarray
+    ) -> None:
+        for name, arr in (("h1", h1), ("df", df), ("rows", rows), ("data", data)):
+            self.parts[name].append(arr)
+        self.terms.extend(terms)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {k: np.concatenate(v) if v else np.zeros(0) for k, v in self.parts.items()}
+
+
+class NpyAppender:
+    """A ``.npy`` file of one dimension written by appending: a header with room for any length,
+    rewritten with the final length on ``close``."""
+
+    HEADER = 128
+
+    def __init__(self, path: Path, dtype) -> None:
+        self.path, self.dtype, self.count = path, np.dtype(dtype), 0
+        self.fh = path.open("wb")
+        try:
+            _write(self.fh, self._header(0))
+        except BaseException:
+            self.fh.close()
+            raise
+
+    def _header(self, n: int) -> bytes:
+        d = {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False, "shape": (n,)}
+        body = repr(d).encode("latin1")
+        pad = self.HEADER - 10 - len(body) - 1
+        return b"\x93NUMPY\x01\x00" + (self.HEADER - 10).to_bytes(2, "little") + body + b" " * pad + b"\n"
+
+    def append(self, arr: np.ndarray) -> None:
+        _write(self.fh, np.asarray(arr, dtype=self.dtype))
+        self.count += len(arr)
+
+    def close(self) -> None:
+        self.fh.seek(0)
+        _write(self.fh, self._header(self.count))
+        self.fh.flush()
+        os.fsync(self.fh.fileno())
+        self.fh.close()
+
+
+class FileSink:
+    """Appends the merged columns to the index files in ``out`` (the ``bm25`` folder)."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.postings = 0
+        self.terms = 0
+        self.collision = False
+        opened: list = []
+        try:
+            for name, path, dtype in (("data", DATA_FILE, np.float32), ("rows", INDICES_FILE, np.int32),
+                                      ("indptr", INDPTR_FILE, np.int64), ("term_max", TERM_MAX_FILE, np.float32),
+                                      ("hashes", VOCAB_HASH_FILE, np.uint64)):  # fmt: skip
+                opened.append(NpyAppender(out / path, dtype))
+                setattr(self, name, opened[-1])
+            self.text = (out / VOCAB_TEXT_FILE).open("wb")
+            self.indptr.append(np.zeros(1, dtype=np.int64))
+        except BaseException:
+            for f in opened:
+                f.fh.close()
+            raise
+
+    def add(
+        self, h1: np.ndarray, terms: list[str], df: np.ndarray, rows: np.ndarray, data: np.ndarray
+    ) -> None:
+        self.data.append(data)
+        self.rows.append(rows)
+        self.indptr.append(self.postings + np.cumsum(df))
+        self.term_max.append(_column_max(data, df))
+        self.hashes.append(h1)
+        _write(self.text, "".join(t + "\n" for t in terms).encode("utf-8"))
+        self.postings += int(df.sum())
+        self.terms += len(terms)
+
+    def close(self) -> int:
+        """Finish the files (the vocabulary's ids; hashed again on a collision); returns the salt."""
+        for f in (self.data, self.rows, self.indptr, self.term_max, self.hashes):
+            f.close()
+        self.text.flush()
+        os.fsync(self.text.fileno())
+        self.text.close()
+        if self.collision:
+            terms = (self.out / VOCAB_TEXT_FILE).read_text(encoding="utf-8").splitlines()
+            return write_vocabulary(self.out, terms)
+        ids = NpyAppender(self.out / VOCAB_IDS_FILE, np.uint32)
+        for lo in range(0, self.terms, 1 << 22):
+            ids.append(np.arange(lo, min(self.terms, lo + (1 << 22)), dtype=np.uint32))
+        ids.close()
+        return 0
+
+    def abort(self) -> None:
+        for f in (self.data, self.rows, self.indptr, self.term_max, self.hashes):
+            f.fh.close()
+        self.text.close()
+
+
+def _column_max(data: np.ndarray, df: np.ndarray) -> np.ndarray:
+    out = np.zeros(len(df), dtype=np.float32)
+    nonempty = df > 0
+    if data.size:
+        starts = np.concatenate([[0], np.cumsum(df)[:-1]])
+        out[nonempty] = np.maximum.reduceat(data, starts[nonempty])
+    return out
+
+
+@dataclass
+class CorpusStats:
+    """What the scores need of the whole corpus: passage count, mean length, per-passage lengths."""
+
+    n_docs: int
+    avg_len: float
+    dl: np.ndarray
+    """Per passage, the length the scores use (``bm25.doc_length_values``)."""
+
+
+def corpus_stats(runs: Sequence, params: BM25Params) -> CorpusStats:
+    lens = np.concatenate([r.lengths() for r in runs]) if runs else np.zeros(0, dtype=np.uint32)
+    if len(lens) == 0:
+        raise ValueError("cannot build a BM25 index from an empty corpus")
+    avg = float(lens.sum(dtype=np.int64)) / len(lens)
+    return CorpusStats(len(lens), avg, doc_length_values(lens, params.doc_length))
+
+
+def plan_ranges(
+    runs: Sequence, budget: int
+) -> tuple[list[tuple[int, int]], list[tuple[np.ndarray, np.ndarray]]]:
+    """Cut the hash space so that each group of ranges holds at most ``budget`` postings (a single range
+    over budget stands alone): the groups (first, last range) and each run's (term, posting) cut points."""
+    total = sum(r.n_postings for r in runs)
+    n = max(1, RANGES_PER_BUDGET * math.ceil(total / max(budget, 1)))
+    bounds = np.array([(j << 64) // n for j in range(1, n)], dtype=np.uint64)
+    cuts = []
+    per_range = np.zeros(n, dtype=np.int64)
+    for r in runs:
+        t, p = r.cuts(bounds)
+        t = np.concatenate([[0], t, [r.n_terms]]).astype(np.int64)
+        p = np.concatenate([[0], p, [r.n_postings]]).astype(np.int64)
+        per_range += np.diff(p)
+        cuts.append((t, p))
+    groups, start, size = [], 0, 0
+    for j in range(n):
+        if j > start and size + per_range[j] > budget:
+            groups.append((start, j))
+            start, size = j, 0
+        size += int(per_range[j])
+    groups.append((start, n))
+    return groups, cuts
+
+
+def merge_runs(
+    runs: Sequence,
+    params: BM25Params,
+    sink,
+    memory_mb: float | None,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[CorpusStats, np.ndarray | None]:
+    """Merge ``runs`` (in corpus order) into ``sink`` range by range (``memory_mb`` None: all at once);
+    returns the corpus statistics and, for bm25l / bm25+, each column's score in a passage without
+    the term."""
+    stats = corpus_stats(runs, params)
+    total = sum(r.n_postings for r in runs)
+    budget = total if memory_mb is None else max(1, int(memory_mb * (1 << 20)) // BYTES_PER_POSTING)
+    groups, cuts = plan_ranges(runs, budget)
+    nonocc_parts: list[np.ndarray] = []
+    done = 0
+    for g0, g1 in groups:
+        parts = [r.slice(int(c[0][g0]), int(c[0][g1])) for r, c in zip(runs, cuts, strict=True)]
+        h1 = np.concatenate([p[0] for p in parts])
+        if len(h1) == 0:
+            continue
+        h2 = np.concatenate([p[1] for p in parts])
+        counts = np.concatenate([p[2] for p in parts])
+        terms = [t for p in parts for t in p[3]]
+        docs = np.concatenate([p[4] for p in parts])
+        tf = np.concatenate([p[5] for p in parts])
+        del parts
+        order = np.lexsort((h2, h1))  # stable: equal keys keep run order
+        h1s, h2s = h1[order], h2[order]
+        new = np.ones(len(order), dtype=bool)
+        new[1:] = (h1s[1:] != h1s[:-1]) | (h2s[1:] != h2s[:-1])
+        column_of_entry = np.empty(len(order), dtype=np.int64)
+        column_of_entry[order] = np.cumsum(new) - 1
+        first = order[new]
+        col_h1 = h1s[new]
+        if len(col_h1) > 1 and np.any(col_h1[1:] == col_h1[:-1]):
+            sink.collision = True
+        column = np.repeat(column_of_entry.astype(np.int32), counts)
+        del h1, h2, h1s, h2s, column_of_entry
+        porder = np.argsort(column, kind="stable")  # run order, so passages ascend in each column
+        column = column[porder]
+        docs, tf = docs[porder], tf[porder]
+        del porder
+        df = np.bincount(column, minlength=len(first)).astype(np.int64)
+        idf32, idf64 = idf_array(params.method, df, stats.n_docs)
+        shift = None
+        if params.method in NONOCCURRENCE_METHODS:
+            zero = tf_component(
+                params.method, 0.0, stats.avg_len, stats.avg_len, params.k1, params.b, params.delta
+            )
+            nonocc = (idf64 * zero).astype(np.float32)
+            nonocc_parts.append(nonocc)
+            shift = nonocc[column]
+        data = term_scores(params, idf32[column], tf, stats.dl[docs], stats.avg_len, shift)
+        del shift
+        sink.add(col_h1, [terms[i] for i in first], df, docs.astype(np.int32), data)
+        done += len(docs)
+        if progress is not None:
+            progress(done)
+    nonocc = np.concatenate(nonocc_parts) if params.method in NONOCCURRENCE_METHODS else None
+    return stats, nonocc
+
+
+def build_matrix(docs: Sequence[Document], params: BM25Params) -> tuple[ScoreMatrix, list[str]]:
+    """The index of passages held in memory (one run, merged whole): the score matrix and the terms
+    of its columns. Equal, array for array, to what the streamed build writes for the same passages."""
+    if not docs:
+        raise ValueError("cannot build a BM25 index from an empty corpus")
+    run = make_run(docs, params.make_analyzer(), 0)
+    if run.n_terms == 0:
+        run = _empty_run(run.lens)
+    sink = ArraySink()
+    stats, nonocc = merge_runs([run], params, sink, memory_mb=None)
+    a = sink.arrays()
+    indptr = np.zeros(len(sink.terms) + 1, dtype=np.int64)
+    np.cumsum(a["df"], out=indptr[1:])
+    matrix = ScoreMatrix(
+        a["data"].astype(np.float32), a["rows"].astype(np.int32), indptr, stats.n_docs, nonocc,
+        _column_max(a["data"].astype(np.float32), a["df"].astype(np.int64)),
+    )  # fmt: skip
+    return matrix, sink.terms
+
+
+def _empty_run(lens: np.ndarray) -> Run:
+    """A corpus of stop words only (passage lengths ``lens``, all 0): one empty column, so the index has
+    a vocabulary; nothing matches."""
+    h1, h2 = term_key(EMPTY_TERM)
+    return Run(np.array([h1], np.uint64), np.array([h2], np.uint64), np.zeros(2, np.int64),
+               EMPTY_TERM.encode() + b"\n", np.array([0, 2], np.int64), np.zeros(0, np.uint32),
+               np.zeros(0, np.uint16), lens, 0)  # fmt: skip
+
+
+# -- the streamed build ---------------------------------------------------------------------------------
+
+
+def _run_path(folder: Path, k: int) -> Path:
+    return folder / f"run_{k:06d}{RUN_SUFFIX}"
+
+
 class BM25StreamBuilder:
     """Pass 1 (``add_chunk``, one call per chunk in corpus order) and pass 2 (``finish``)."""
 
     def __init__(self, workdir: str | Path, params: BM25Params, chunks_done: int = 0):
-        """``chunks_done``: runs already in ``workdir`` from an interrupted build (their vocabulary is
-        read back; any later run files are stale and are overwritten)."""
+        """``chunks_done``: runs already in ``workdir`` (the spill folder) from an interrupted build;
+        later run files are stale and are removed."""
         params.validate()
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.params = params
+        self.analyzer = params.make_analyzer()
         self.chunks = chunks_done
         self.passages = 0
-        terms: list[str] = []
+        self.run_bytes = 0
         for k in range(chunks_done):
-            text = _run_path(self.workdir, k, "vocab").read_text(encoding="utf-8")
-            terms.extend(text.splitlines())
-            self.passages += len(np.load(_run_path(self.workdir, k, "lens"), mmap_mode="r"))
-        self.term_ids = TermIds(Tokenizer(params.stemmer, params.stopwords), terms)
+            run = RunFile(_run_path(self.workdir, k))
+            self.passages += run.n_docs
+            self.run_bytes += run.path.stat().st_size
+        for path in self.workdir.glob(f"run_*{RUN_SUFFIX}*"):
+            if path.name.endswith(".tmp") or int(path.name[4:10]) >= chunks_done:
+                path.unlink()
 
-    def add_chunk(self, docs: list[Document]) -> None:
-        """Tokenise one chunk and write its run (durably: a checkpoint may name it next)."""
-        k, base = self.chunks, self.passages
-        first_new = len(self.term_ids.terms)
-        words = self.term_ids.tokenizer.words
-        flat: list[int] = []
-        sizes = np.empty(len(docs), dtype=np.int64)
-        for j, d in enumerate(docs):
-            ids = self.term_ids(words(f"{d.title} {d.text}"))
-            flat.extend(ids)
-            sizes[j] = len(ids)
-        ids_arr = np.asarray(flat, dtype=np.int64)
-        doc_local = np.repeat(np.arange(len(docs), dtype=np.int64), sizes)
-        kept = ids_arr >= 0
-        ids_arr, doc_local = ids_arr[kept], doc_local[kept]
-        lens = np.bincount(doc_local, minlength=len(docs)).astype(np.uint32)
-        key = ids_arr * max(len(docs), 1) + doc_local  # sorted by term, then document
-        uniq, tf = np.unique(key, return_counts=True)
-        run = {
-            "terms": (uniq // max(len(docs), 1)).astype(np.uint32),
-            "docs": (uniq % max(len(docs), 1) + base).astype(np.uint32),
-            "tf": np.minimum(tf, np.iinfo(np.uint16).max).astype(np.uint16),
-            "lens": lens,
-        }
-        for part, arr in run.items():
-            path = _run_path(self.workdir, k, part)
-            np.save(path, arr)
-            fsync_file(path)
-        path = _run_path(self.workdir, k, "vocab")
-        path.write_text("".join(t + "\n" for t in self.term_ids.terms[first_new:]), encoding="utf-8")
-        fsync_file(path)
+    def add_chunk(self, docs: list[Document], remaining_fraction: float | None = None) -> None:
+        """Analyse one chunk and write its run (durably: a checkpoint may name it next).
+        ``remaining_fraction``: the share of the corpus still to read (for the space a full disk needs)."""
+        run = make_run(docs, self.analyzer, self.passages)
+        try:
+            self.run_bytes += write_run(_run_path(self.workdir, self.chunks), run)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            done = self.passages + len(docs)
+            frac = remaining_fraction if remaining_fraction is not None else 0.0
+            per_passage = (self.run_bytes + run.n_postings * RUN_BYTES_PER_POSTING) / max(done, 1)
+            runs_total = per_passage * (done / max(1e-9, 1 - frac) if frac < 1 else done)
+            # the runs still to write, then the index written from them (about as large as the runs)
+            needed = int(runs_total - self.run_bytes + runs_total)
+            raise SpillDiskFull(self.workdir, needed, exc) from exc
         self.chunks += 1
         self.passages += len(docs)
 
+    def runs(self) -> list[RunFile]:
+        return [RunFile(_run_path(self.workdir, k)) for k in range(self.chunks)]
+
+    def postings(self) -> int:
+        return sum(r.n_postings for r in self.runs())
+
     def finish(
-        self, out: str | Path, memory_mb: float = 1024, progress: Callable[[int], None] | None = None
+        self, out: str | Path, memory_mb: float = 512, progress: Callable[[int], None] | None = None
     ) -> int:
-        """Write the index files into ``out`` (the ``bm25`` folder); returns the passage count.
-        ``progress(n)`` is called with the postings placed so far."""
+        """Merge the runs into the index files in ``out`` (the ``bm25`` folder); returns the passage
+        count. ``progress(n)`` is called with the postings placed so far. On a full disk the partial
+        index is removed and ``SpillDiskFull`` says how much it needs."""
         out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        p = self.params
-        terms = self.term_ids.terms
         if self.passages == 0:
             raise ValueError("cannot build a BM25 index from an empty corpus")
-        if not terms:
-            terms.append("\x00")  # a corpus of stop words only: one empty column, nothing will match
-        runs = [{part: np.load(_run_path(self.workdir, k, part), mmap_mode="r") for part in RUN_PARTS}
-                for k in range(self.chunks)]  # fmt: skip
-        n_docs = self.passages
-        lens = np.concatenate([r["lens"] for r in runs]).astype(np.int64)
-        avg_len = float(lens.mean())
-        df = np.zeros(len(terms), dtype=np.int64)
-        for r in runs:
-            df += np.bincount(r["terms"], minlength=len(terms))
-        idf32, idf64 = idf_array(p.method, df, n_docs)
-        nonocc = None
-        if p.method in NONOCCURRENCE_METHODS:
-            zero = tf_component(p.method, 0.0, avg_len, avg_len, p.k1, p.b, p.delta)
-            nonocc = (idf64 * zero).astype(np.float32)
-            nonocc[df == 0] = 0.0
-            np.save(out / NONOCCURRENCE_FILE, nonocc)
-        indptr = np.zeros(len(terms) + 1, dtype=np.int64)
-        np.cumsum(df, out=indptr[1:])
-        nnz = int(indptr[-1])
-        np.save(out / INDPTR_FILE, indptr)
-        data_out = np.lib.format.open_memmap(out / DATA_FILE, mode="w+", dtype=np.float32, shape=(nnz,))
-        idx_out = np.lib.format.open_memmap(out / INDICES_FILE, mode="w+", dtype=np.int32, shape=(nnz,))
-        term_max = np.zeros(len(terms), dtype=np.float32)
-        budget = max(1, int(memory_mb * (1 << 20)) // 8)  # postings per range: 4 + 4 bytes each
-        t0 = 0
-        while t0 < len(terms):
-            # the widest range of columns holding at most `budget` postings (at least one column)
-            t1 = max(t0 + 1, int(np.searchsorted(indptr, indptr[t0] + budget, side="right")) - 1)
-            t1 = min(t1, len(terms))
-            lo, hi = int(indptr[t0]), int(indptr[t1])
-            data = np.empty(hi - lo, dtype=np.float32)
-            rows = np.empty(hi - lo, dtype=np.int32)
-            cursor = indptr[t0:t1] - lo
-            for r in runs:
-                a, b = np.searchsorted(r["terms"], [t0, t1])
-                if a == b:
-                    continue
-                t = np.asarray(r["terms"][a:b], dtype=np.int64)
-                d = np.asarray(r["docs"][a:b], dtype=np.int64)
-                tfc = tf_component(p.method, r["tf"][a:b], lens[d], avg_len, p.k1, p.b, p.delta)
-                score = idf32[t].astype(np.float64) * tfc
-                if nonocc is not None:
-                    score -= nonocc[t]
-                starts = np.flatnonzero(np.concatenate([[True], t[1:] != t[:-1]]))
-                counts = np.diff(np.append(starts, len(t)))
-                first = t[starts] - t0
-                pos = np.repeat(cursor[first] - starts, counts) + np.arange(len(t))
-                data[pos] = score
-                rows[pos] = d
-                cursor[first] += counts
-            data_out[lo:hi] = data
-            idx_out[lo:hi] = rows
-            nonempty = df[t0:t1] > 0
-            if hi > lo:
-                term_max[t0:t1][nonempty] = np.maximum.reduceat(data, (indptr[t0:t1] - lo)[nonempty])
-            if progress is not None:
-                progress(hi)
-            t0 = t1
-        data_out.flush()
-        idx_out.flush()
-        del data_out, idx_out
-        np.save(out / TERM_MAX_FILE, term_max)
-        salt = write_vocabulary(out, terms)
-        write_params(out, p, n_docs, terms, salt)
-        return n_docs
+        runs: list = self.runs()
+        if all(r.n_terms == 0 for r in runs):
+            runs = [_empty_run(np.concatenate([r.lengths() for r in runs]))]
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        sink = None
+        try:
+            sink = FileSink(out)
+            stats, nonocc = merge_runs(runs, self.params, sink, memory_mb, progress)
+            salt = sink.close()
+            if nonocc is not None:
+                np.save(out / NONOCCURRENCE_FILE, nonocc)
+            write_params(out, self.params, stats.n_docs, sink.terms, salt)
+        except OSError as exc:
+            if sink is not None:
+                sink.abort()
+            shutil.rmtree(out, ignore_errors=True)
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            total = sum(r.n_postings for r in runs)
+            raise SpillDiskFull(out, int(total * 8 + sum(r.n_terms for r in runs) * 4), exc) from exc
+        return stats.n_docs
 
     def remove_runs(self) -> None:
-        for path in self.workdir.glob("run_*"):
-            path.unlink()
+        shutil.rmtree(self.workdir, ignore_errors=True)

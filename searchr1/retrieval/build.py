@@ -65,8 +65,9 @@ class BuildRequest:
     """None: refuse when an unfinished build is in ``out``; True: continue it; False: start again."""
     chunk_passages: int = 50_000
     """Passages per chunk: the unit of memory (one chunk's tokens or vectors) and of checkpoints."""
-    memory_mb: float = 1024
-    """BM25's column buffers in the final pass (the rest of its memory is the vocabulary)."""
+    memory_mb: float = 512
+    """BM25: the postings merged at a time in the final pass (``bm25_build.BYTES_PER_POSTING`` each);
+    with one chunk of the first pass, what bounds the build's memory."""
     dense: dict[str, Any] = field(default_factory=dict)
     """Dense index options: nlist, pq_m, hnsw_m, ef_construction, train_size."""
     checkpoint_vectors: int = 2_000_000
@@ -98,7 +99,7 @@ class _BM25Sink:
     """Pass 1 into runs under ``.build/bm25_runs``; pass 2 into ``bm25/``."""
 
     def __init__(self, req: BuildRequest):
-        self.params = BM25Params(**req.bm25)
+        self.params = BM25Params.from_preset(**req.bm25)
         self.params.validate()
         self.req = req
         self.builder: BM25StreamBuilder | None = None
@@ -109,14 +110,11 @@ class _BM25Sink:
     def start(self, state: BuildState) -> None:
         self.builder = BM25StreamBuilder(build_dir(self.req.out) / RUNS_DIR, self.params, state.chunks)
 
-    def add(self, docs: list[Document], state: BuildState) -> None:
-        self.builder.add_chunk(docs)
+    def add(self, docs: list[Document], state: BuildState, remaining: float | None = None) -> None:
+        self.builder.add_chunk(docs, remaining)
 
     def finish(self, state: BuildState) -> dict[str, Any]:
-        total = sum(
-            len(np.load(p, mmap_mode="r"))
-            for p in (build_dir(self.req.out) / RUNS_DIR).glob("run_*.terms.npy")
-        )
+        total = self.builder.postings()
         bar = _Bar(self.req.show_progress, total=total, unit="posting", unit_scale=True, desc="bm25: scoring")
         try:
             self.builder.finish(self.req.out / BM25_DIR, self.req.memory_mb, progress=bar.to)
@@ -146,7 +144,7 @@ class _DenseSink:
         with self.vectors.open("ab") as fh:
             fh.truncate(size)  # drop vectors written after the last checkpoint
 
-    def add(self, docs: list[Document], state: BuildState) -> None:
+    def add(self, docs: list[Document], state: BuildState, remaining: float | None = None) -> None:
         if not docs:
             return
         vecs = self.encoder.encode_passages(docs)
@@ -276,7 +274,7 @@ def _read_phase(req: BuildRequest, reader, sink, state: BuildState, resumed: boo
         for docs, position in reader.batches(req.chunk_passages, state.position):
             for d in docs:
                 writer.add(d)
-            sink.add(docs, state)
+            sink.add(docs, state, 1 - position.offset / max(size, 1))
             count, nbytes = writer.sync()
             state.advance(position, count, nbytes)
             write_state(req.out, state)

@@ -129,6 +129,12 @@ def disk_errors(out: str | Path) -> Iterator[None]:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
         where = f" writing {exc.filename}" if exc.filename else ""
+        needed = getattr(exc, "needed", None)
+        if needed is not None:
+            where = (
+                f" in {exc.filename} (its partial file removed; it needs about {_size(needed)} "
+                f"({needed:,} bytes) more to finish)"
+            )
         try:
             free = shutil.disk_usage(out).free / 1e9
             free_note = f"; {free:.1f} GB free now"
@@ -144,3 +150,10 @@ def disk_errors(out: str | Path) -> Iterator[None]:
             f"disk full{where} while building the index in {out}{free_note}. The folder holds no "
             f"manifest, so `searchr1 serve` will not load the partial index{resume}"
         ) from exc
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{int(n)} bytes"

@@ -91,17 +91,24 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--chunk-passages", type=int, default=50_000,
         help="passages read, indexed and checkpointed at a time (default 50000)",
     )  # fmt: skip
-    g = b.add_argument_group("bm25")
-    g.add_argument("--k1", type=float, default=1.5, help="term-frequency saturation (default 1.5)")
-    g.add_argument("--b", type=float, default=0.75, help="length normalisation (default 0.75)")
+    g = b.add_argument_group("bm25 (defaults: preset pyserini, Search-R1's retriever)")
     g.add_argument(
-        "--method", default="lucene", help="lucene | robertson | atire | bm25l | bm25+ (default lucene)"
-    )
-    g.add_argument("--stemmer", default="english", help="PyStemmer language, or 'none' (default english)")
-    g.add_argument("--stopwords", default="en", help="stop-word list (en, de, ...), or 'none' (default en)")
+        "--preset", choices=["pyserini", "bm25s"], default="pyserini",
+        help="settings to start from: pyserini (k1 0.9, b 0.4, Lucene's English analyzer and lengths, as "
+        "Search-R1's LuceneSearcher) or bm25s (earlier versions: k1 1.5, b 0.75, regex + Snowball)",
+    )  # fmt: skip
+    g.add_argument("--k1", type=float, default=None, help="term-frequency saturation (pyserini 0.9)")
+    g.add_argument("--b", type=float, default=None, help="length normalisation (pyserini 0.4)")
+    g.add_argument("--method", default=None, help="lucene | robertson | atire | bm25l | bm25+ (default lucene)")
+    g.add_argument("--analyzer", default=None, help="lucene-english | regex (pyserini: lucene-english)")
+    g.add_argument("--stemmer", default=None, help="porter, a PyStemmer language, or 'none' (pyserini: porter)")
+    g.add_argument("--stopwords", default=None, help="lucene, a bm25s list (en, de, ...), or 'none'")
+    g.add_argument("--doc-length", default=None, choices=["lucene", "exact"],
+                   help="document lengths as Lucene stores them (one byte) or exact (pyserini: lucene)")  # fmt: skip
     g.add_argument(
-        "--memory-mb", type=int, default=1024,
-        help="column buffers of the final scoring pass (default 1024; the vocabulary comes on top)",
+        "--memory-mb", type=int, default=512,
+        help="postings merged at a time in the final pass, in MB (default 512): with one chunk "
+        "(--chunk-passages) of the first pass, what bounds the build's memory",
     )  # fmt: skip
     g = b.add_argument_group("dense")
     g.add_argument(
@@ -214,7 +221,6 @@ def _retriever_from_args(args: argparse.Namespace):
 def _index_build(args: argparse.Namespace) -> int:
     from searchr1.retrieval.index import build_index
 
-    none = lambda v: None if v in (None, "none", "None", "") else v  # noqa: E731
     try:
         m = build_index(
             args.corpus,
@@ -224,11 +230,14 @@ def _index_build(args: argparse.Namespace) -> int:
             overlap=args.overlap,
             skip_bad_lines=args.skip_bad_lines,
             bm25={
+                "preset": args.preset,
                 "k1": args.k1,
                 "b": args.b,
                 "method": args.method,
-                "stemmer": none(args.stemmer),
-                "stopwords": none(args.stopwords),
+                "analyzer": args.analyzer,
+                "stemmer": args.stemmer,
+                "stopwords": args.stopwords,
+                "doc_length": args.doc_length,
             },
             model=args.model,
             index_type=args.index_type,

@@ -92,12 +92,21 @@ def hits_from_response(body: Any) -> list[list[Hit]]:
     for hits in body["result"]:
         parsed = []
         for item in hits:
-            doc, score = (item["document"], item.get("score", 0.0)) if "document" in item else (item, 0.0)
-            if "contents" in doc:
-                title, text = split_contents(doc["contents"])
+            doc = item.get("document")
+            score = item.get("score", 0.0) if doc is not None else 0.0
+            if doc is None:
+                doc = item
+            contents = doc.get("contents")
+            if contents is not None:
+                title, text = split_contents(contents)
             else:
                 title, text = doc.get("title", ""), doc.get("text", "")
-            parsed.append(Hit(str(doc.get("id", "")), title, text, float(score)))
+            doc_id = doc.get("id", "")
+            if type(doc_id) is not str:
+                doc_id = str(doc_id)
+            if type(score) is not float:
+                score = float("nan") if score is None else float(score)  # null: a non-finite score
+            parsed.append(Hit(doc_id, title, text, score))
         out.append(parsed)
     return out
 

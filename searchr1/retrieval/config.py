@@ -23,16 +23,21 @@ class RetrievalConfig:
     cache_size: int = 0
     """LRU cache entries for repeated queries (0 = off)."""
 
-    bm25_k1: float = 1.5
-    """BM25 term-frequency saturation k1 (used when building an index)."""
-    bm25_b: float = 0.75
-    """BM25 length normalisation b (used when building an index)."""
-    bm25_method: str = "lucene"
-    """BM25 variant: lucene | robertson | atire | bm25l | bm25+."""
-    bm25_stemmer: str | None = "english"
-    """PyStemmer language for BM25 tokens (null: no stemming)."""
-    bm25_stopwords: str | None = "en"
-    """Stop-word list removed from BM25 tokens (en, de, fr, ...; null: keep all)."""
+    bm25_preset: str = "pyserini"
+    """BM25 settings to start from: pyserini (Search-R1's retriever: k1 0.9, b 0.4, Lucene's English
+    analyzer and document lengths) | bm25s (earlier versions: k1 1.5, b 0.75, regex tokens, Snowball)."""
+    bm25_k1: float | None = None
+    """BM25 term-frequency saturation k1 (null: the preset's; used when indexing)."""
+    bm25_b: float | None = None
+    """BM25 length normalisation b (null: the preset's; used when indexing)."""
+    bm25_method: str | None = None
+    """BM25 variant: lucene | robertson | atire | bm25l | bm25+ (null: lucene)."""
+    bm25_analyzer: str | None = None
+    """BM25 text analysis: lucene-english | regex (null: the preset's)."""
+    bm25_stemmer: str | None = None
+    """Stemmer: porter, or a PyStemmer language (english, ...); "none": no stemming; null: the preset's."""
+    bm25_stopwords: str | None = None
+    """Stop words: lucene, or a bm25s list (en, de, ...); "none": keep all; null: the preset's."""
 
     dense_model: str | None = None
     """Sentence-transformers encoder: local folder or hub id (null: the bundled all-MiniLM-L6-v2)."""
@@ -77,6 +82,8 @@ class RetrievalConfig:
             raise ValueError("retrieval.topk must be >= 1")
         if self.cache_size < 0:
             raise ValueError("retrieval.cache_size must be >= 0")
+        if self.bm25_preset not in ("pyserini", "bm25s"):
+            raise ValueError("retrieval.bm25_preset must be pyserini or bm25s")
         if self.dense_index_type not in DENSE_INDEX_TYPES:
             raise ValueError(f"retrieval.dense_index_type must be one of {', '.join(DENSE_INDEX_TYPES)}")
         if self.backend == "hybrid" and len(self.hybrid_indexes) != 2:

@@ -17,6 +17,7 @@ import numpy as np
 
 from searchr1.retrieval.corpus import Document
 
+_ID_DECODER = json.JSONDecoder()
 DOCS_FILE = "docs.jsonl"
 OFFSETS_FILE = "docs.offsets.npy"
 OFFSETS_RAW = "docs.offsets.bin"
@@ -33,6 +34,10 @@ class DocStore:
 
     def __getitem__(self, row: int) -> Document:
         return self._docs[row]
+
+    def doc_id(self, row: int) -> str:
+        """The id of a row's document (cheaper than the document on disk)."""
+        return self._docs[row].id
 
     def close(self) -> None:
         pass
@@ -153,6 +158,16 @@ class MappedDocStore(DocStore):
         start, end = int(self.offsets[row]), int(self.offsets[row + 1])
         doc_id, title, text = json.loads(self._map[start:end])
         return Document(doc_id, title, text)
+
+    def doc_id(self, row: int) -> str:
+        if not 0 <= row < len(self):
+            raise IndexError(row)
+        start, end = int(self.offsets[row]), int(self.offsets[row + 1])
+        line = self._map[start : min(end, start + 512)].decode("utf-8", "ignore")
+        try:
+            return _ID_DECODER.raw_decode(line, 1)[0]  # the first item of ["id", "title", "text"]
+        except json.JSONDecodeError:  # an id longer than the slice read
+            return self[row].id
 
     def close(self) -> None:
         if isinstance(self._map, mmap.mmap):

@@ -35,6 +35,8 @@ def _local(cfg: RetrievalConfig, index: str | None, kind: str) -> Retriever:
 
             return BM25Retriever.from_corpus(
                 cfg.corpus,
+                preset=cfg.bm25_preset,
+                analyzer=cfg.bm25_analyzer,
                 k1=cfg.bm25_k1,
                 b=cfg.bm25_b,
                 method=cfg.bm25_method,

@@ -41,7 +41,7 @@ def build_index(
     show_progress: bool = True,
     resume: bool | None = None,
     chunk_passages: int = 50_000,
-    memory_mb: float = 1024,
+    memory_mb: float = 512,
     dense: dict[str, Any] | None = None,
 ) -> Manifest:
     """Read ``corpus`` once, in chunks of ``chunk_passages``, and write the passages and the

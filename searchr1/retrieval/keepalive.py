@@ -15,13 +15,13 @@ HTTP), which the caller retries.
 from __future__ import annotations
 
 import http.client
-import json
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+import orjson
 
 
 @dataclass
@@ -42,7 +42,7 @@ class Reply:
         return self.content.decode("utf-8", errors="replace")
 
     def json(self) -> Any:
-        return json.loads(self.content)
+        return orjson.loads(self.content)
 
 
 _STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, ConnectionAbortedError)

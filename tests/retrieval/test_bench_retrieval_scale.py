@@ -9,15 +9,21 @@ import pytest
 
 from searchr1.bench.retrieval_scale import (
     BLOCK,
+    LoadMonitor,
     VectorModel,
     WikiLikeCorpus,
+    _sweep,
+    choose_setting,
     exact_top,
     extrapolate,
+    fit_growth,
     fit_predict,
+    note_load,
     pseudo_word,
     recall_at,
+    targets,
 )
-from searchr1.retrieval.bm25 import Tokenizer
+from searchr1.retrieval.analysis import RegexAnalyzer
 
 
 def test_generated_passages_are_seeded_wiki_shaped_and_any_range_stands_alone():
@@ -27,7 +33,7 @@ def test_generated_passages_are_seeded_wiki_shaped_and_any_range_stands_alone():
     assert first != list(WikiLikeCorpus(seed=4).passages(0, BLOCK + 50))
     assert list(gen.passages(BLOCK - 20, 40)) == first[BLOCK - 20 : BLOCK + 20]  # across a block edge
     assert all(len(d.text.split()) == 100 for d in first[:200]) and len({d.id for d in first}) == len(first)
-    tok = Tokenizer()
+    tok = RegexAnalyzer()
     tokens = [tok(f"{d.title} {d.text}") for d in first[:500]]
     per_passage = np.mean([len(t) for t in tokens])
     assert 60 < per_passage < 80  # ~30% of the words are stop words (wiki-18 sample: 71 tokens)
@@ -75,6 +81,87 @@ def test_growth_fits_recover_their_laws():
     assert e["n"] == "21M (extrapolated)" and e["build_s"] == pytest.approx(2100)
 
 
+def test_the_cheapest_setting_reaching_the_target_recall_is_chosen():
+    recall = {8: 0.7, 16: 0.85, 32: 0.91, 64: 0.95, 128: 0.97}
+    asked = []
+
+    def stub(v):
+        asked.append(v["nprobe"])
+        return recall[v["nprobe"]]
+
+    sweep = _sweep("ivfpq", nlist=1024)
+    assert [v["nprobe"] for v in sweep][:5] == [8, 16, 32, 64, 128]  # cheapest first
+    setting, tried, reached = choose_setting(sweep[:5], stub, 0.9)
+    assert setting == {"nprobe": 32} and reached and asked == [8, 16, 32]  # stops at the first reaching it
+    assert [t["recall_at_3"] for t in tried] == [0.7, 0.85, 0.91]
+    asked.clear()
+    setting, tried, reached = choose_setting(sweep[:5], stub, 0.99)  # never reached: the most thorough
+    assert setting == {"nprobe": 128} and not reached and len(tried) == 5
+    assert choose_setting(None, lambda v: None, 0.9) == (None, [{"setting": None, "recall_at_3": None}], True)
+    assert [v["nprobe"] for v in _sweep("ivf", nlist=1024)][-1] == 512  # up to half the cells
+    rerank = _sweep("ivfpq-rerank", nlist=4096)
+    assert rerank[0] == {"nprobe": 16, "rerank": 16} and rerank[-1] == {"nprobe": 2048, "rerank": 64}
+    assert [v["ef_search"] for v in _sweep("hnsw", 0)] == [32, 64, 128, 256, 512]
+
+
+def test_fits_name_their_law_show_residuals_and_flag_weak_points():
+    ns = [250_000, 1_000_000, 4_000_000]
+    f = fit_growth(ns, [0.5 + 2e-7 * n for n in ns], 21e6, "linear", "gb")
+    assert f.value == pytest.approx(0.5 + 2e-7 * 21e6) and f.law.startswith("y = a + b n")
+    assert max(abs(r) for r in f.residuals) < 1e-9 and f.flags == []
+    noisy = fit_growth(ns, [1.0, 1.3, 1.1], 21e6, "linear", "gb")
+    assert len(noisy.residuals) == 3 and any(r > 0.05 for r in map(abs, noisy.residuals))
+    assert any("residuals up to" in flag for flag in noisy.flags)
+    small = fit_growth([20_000, 60_000], [0.01, 0.02], 21e6, "linear", "gb")
+    assert {"2 points (three asked)", "the points span less than 4x in n"} <= set(small.flags)
+    assert any("noise floor" in flag for flag in small.flags) and any("beyond the largest" in flag for flag in small.flags)
+    recall = fit_growth(ns, [0.999, 0.998, 0.997], 21e6, "recall")
+    assert any("too few to fit" in flag for flag in recall.flags)
+    assert fit_growth(ns, [1.0, None, None], 21e6, "power") is None
+
+
+def test_targets_say_what_is_measured_what_is_extrapolated_and_what_ran_beside_other_work():
+    rows = [
+        {"n": n, "kind": "bm25", "dim": None, "build_peak_rss_gb": peak, "rss_after": 0.3, "qps_b128": qps,
+         "start_s": 2.0 + n / 1e6, "serve_threads": 2, "beside_other_work": busy,
+         "build_load": {"max": 3.5}, "serve_load": {"max": 1.0}}
+        for n, peak, qps, busy in ((250_000, 1.0, 900.0, []), (1_000_000, 1.1, 500.0, []),
+                                   (4_000_000, 1.15, 250.0, ["build"]))
+    ] + [
+        {"n": n, "kind": "ivfpq-rerank96", "dim": 768, "bytes_per_vector": 104.0, "index_gb": 1.6e-6 * n,
+         "recall_at_3": r, "serve_threads": 2, "start_s": 1.0}
+        for n, r in ((250_000, 0.95), (1_000_000, 0.93))
+    ]  # fmt: skip
+    met = targets(rows, extrapolate(rows), threads=2)
+    assert met["bm25_build_peak_rss_spread"]["value"] == pytest.approx(0.15) and met["bm25_build_peak_rss_spread"]["met"]
+    largest = met["bm25_build_peak_rss_gb_largest"]
+    assert largest["met"] and "measured at 4,000,000 beside other work (load average up to 3.5)" in largest["basis"]
+    assert met["bm25_build_peak_rss_gb_21M"]["basis"].startswith("extrapolated to 21M from 0.25M,1M,4M by y = a + b n")
+    assert met["bm25_qps_b128_largest"] == {"value": 250.0, "limit": 200, "met": True,
+                                            "basis": "measured at 4,000,000 serving with 2 thread(s)"}  # fmt: skip
+    assert met["ivfpq-rerank96_768_bytes_per_passage"]["met"]
+    assert met["ivfpq-rerank96_768_recall_at_3_largest"]["value"] == 0.93
+    assert "flags: 2 points (three asked)" in met["ivfpq-rerank96_768_recall_at_3_21M"]["basis"]
+    assert met["ivfpq-rerank96_768_index_gb_21M"]["value"] == pytest.approx(1.6e-6 * 21e6, rel=1e-6)
+
+
+def test_load_is_recorded_and_busy_steps_are_marked(monkeypatch):
+    import searchr1.bench.retrieval_scale as mod
+
+    loads = iter([0.5, 3.9, 1.0, 1.0, 1.0])
+    monkeypatch.setattr(mod.os, "getloadavg", lambda: (next(loads, 1.0), 0.0, 0.0))
+    row: dict = {}
+    with LoadMonitor(threads=2, every=0.01) as m:
+        while len(m.samples) < 3:
+            pass
+    note_load(row, "build", m)
+    assert row["build_load"]["max"] == 3.9 and row["beside_other_work"] == ["build"]
+    quiet = LoadMonitor(threads=2)
+    quiet.samples = [1.2, 2.5]
+    note_load(row, "build", quiet)  # a quiet rerun of the step clears the mark
+    assert row["beside_other_work"] == [] and row["build_load"] == {"mean": 1.85, "max": 2.5, "beside_other_work": False}
+
+
 @pytest.mark.slow
 def test_quick_run_writes_measured_and_extrapolated_rows(tmp_path):
     import searchr1.bench.retrieval_scale as mod
@@ -91,4 +178,6 @@ def test_quick_run_writes_measured_and_extrapolated_rows(tmp_path):
     assert ("bm25", 60_000) in kinds and ("flat", 60_000) in kinds
     assert all(r["n"].endswith("(extrapolated)") for r in data["extrapolated_21M"])
     assert data["params"]["threads"] == 1 and data["headline"] > 0
-    assert data["targets"]["bm25_build_peak_rss_gb_21M"]["basis"] == "extrapolated"
+    basis = data["targets"]["bm25_build_peak_rss_gb_21M"]["basis"]
+    assert basis.startswith("extrapolated to 21M from 0.02M,0.06M by y = a + b n") and "2 points" in basis
+    assert "build_load" in data["rows_full"][0] and "beside_other_work" in data["rows_full"][0]

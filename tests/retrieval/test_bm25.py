@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from searchr1.retrieval.bm25 import BM25Params, BM25Retriever, Tokenizer
+from searchr1.retrieval.analysis import RegexAnalyzer
+from searchr1.retrieval.bm25 import BM25Params, BM25Retriever
 from searchr1.retrieval.corpus import Document
 from searchr1.retrieval.docstore import DocStore
 
@@ -27,7 +28,7 @@ def test_lucene_score_matches_the_formula():
         Document("1", "", "apple apple cherry"),
         Document("2", "", "date"),
     ]
-    r = BM25Retriever.from_documents(docs, stemmer=None, stopwords=None, k1=1.2, b=0.75)
+    r = BM25Retriever.from_documents(docs, stemmer="none", stopwords="none", k1=1.2, b=0.75, tie_break="row")
     hits = r.search(["cherry"], topk=3)[0]
     n, df, tf, dl, avgdl = 3, 1, 1, 3, (2 + 3 + 1) / 3
     idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
@@ -42,7 +43,7 @@ def test_no_matching_terms_gives_no_hits(bm25):
 
 
 def test_topk_larger_than_corpus():
-    r = BM25Retriever.from_documents([Document("0", "A", "alpha beta"), Document("1", "B", "alpha")])
+    r = BM25Retriever.from_documents([Document("0", "A", "alpha beta"), Document("1", "", "alpha")])
     assert [h.id for h in r.search(["alpha"], topk=50)[0]] == ["1", "0"]
 
 
@@ -50,13 +51,18 @@ def test_stemming_and_stopwords_options():
     docs = [Document("0", "", "running dogs"), Document("1", "", "the cat")]
     stemmed = BM25Retriever.from_documents(docs)
     assert [h.id for h in stemmed.search(["run dog"], 2)[0]] == ["0"]
-    plain = BM25Retriever.from_documents(docs, stemmer=None)
+    plain = BM25Retriever.from_documents(docs, stemmer="none")
     assert plain.search(["run dog"], 2) == [[]]
-    with_stop = BM25Retriever.from_documents(docs, stopwords=None)
+    with_stop = BM25Retriever.from_documents(docs, stopwords="none")
     assert [h.id for h in with_stop.search(["the"], 2)[0]] == ["1"]
-    assert Tokenizer("english", "en")("The Runners are RUNNING") == ["runner", "run"]
+    assert stemmed.analyzer("The Runners are RUNNING, the runner's") == ["runner", "run", "runner"]
+    assert RegexAnalyzer("english", "en")("The Runners are RUNNING") == ["runner", "run"]
+    former = BM25Retriever.from_documents(docs, preset="bm25s")
+    assert (former.params.k1, former.params.b, former.params.analyzer) == (1.5, 0.75, "regex")
     with pytest.raises(ValueError, match="unknown stemmer"):
-        Tokenizer("klingon")
+        RegexAnalyzer("klingon")
+    with pytest.raises(ValueError, match="unknown BM25 preset"):
+        BM25Params.from_preset("lucy")
 
 
 def test_save_and_memory_mapped_load_agree(tmp_path, bm25, docs):

@@ -117,3 +117,17 @@ def test_server_stopped_midway_turns_into_search_error(bm25, docs):
         stop()
         with pytest.raises(SearchError):
             client.search([docs[0].title], 1)
+
+
+def test_answers_decode_whether_scored_bare_or_with_a_null_score():
+    import math
+
+    from searchr1.retrieval.client import hits_from_response
+
+    body = {"result": [[{"document": {"id": "1", "contents": '"T"\nx'}, "score": 2.5},
+                        {"document": {"id": 2, "contents": '"U"\ny'}, "score": None}],
+                       [{"id": "3", "contents": "no title line"}]]}  # fmt: skip
+    (a, b), (c,) = hits_from_response(body)
+    assert (a.id, a.title, a.text, a.score) == ("1", "T", "x", 2.5)
+    assert b.id == "2" and math.isnan(b.score)  # the server sends a non-finite score as null
+    assert (c.id, c.title, c.text, c.score) == ("3", "", "no title line", 0.0)

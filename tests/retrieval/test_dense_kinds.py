@@ -23,7 +23,7 @@ def data(tmp_path_factory):
     return mapped, queries, exact_top(vectors, queries, 3)
 
 
-@pytest.mark.parametrize("kind", [k for k in DENSE_INDEX_TYPES if k != "opq-ivfpq"])
+@pytest.mark.parametrize("kind", DENSE_INDEX_TYPES)
 def test_each_kind_builds_from_a_memmap_and_reads_back_the_same(tmp_path, data, kind):
     vectors, queries, exact = data
     spec = DenseIndexSpec(kind, nlist=16, pq_m=8, hnsw_m=8, ef_construction=40)
@@ -38,7 +38,8 @@ def test_each_kind_builds_from_a_memmap_and_reads_back_the_same(tmp_path, data, 
         again = read_index(tmp_path / "i.faiss", kind, mmap=mmap)
         set_search_params(again, nprobe=16, ef_search=128, rerank=32)
         assert np.array_equal(again.search(queries, 3)[1], ids)
-    floor = {"flat": 1.0, "ivf": 0.99, "hnsw": 0.9, "hnsw-sq8": 0.85, "ivfpq-rerank": 0.9, "ivfpq": 0.2}
+    floor = {"flat": 1.0, "ivf": 0.99, "hnsw": 0.9, "hnsw-sq8": 0.85, "ivfpq-rerank": 0.9, "ivfpq": 0.2,
+             "opq-ivfpq": 0.2}  # fmt: skip
     assert recall_at(ids, exact, 3) >= floor[kind]
 
 
@@ -53,6 +54,29 @@ def test_rescoring_recovers_what_product_quantisation_loses(data):
     set_search_params(rerank, nprobe=16, rerank=64)
     with_rescoring = recall_at(rerank.search(queries, 3)[1], exact, 3)
     assert with_rescoring > recall_at(plain.search(queries, 3)[1], exact, 3) + 0.2 and with_rescoring > 0.95
+
+
+def test_opq_learns_a_rotation_that_beats_plain_pq_on_unbalanced_vectors():
+    import faiss
+
+    # variance concentrated in the first coordinates, i.e. in PQ's first sub-vector: plain PQ spends
+    # three of its four codebooks on little; OPQ's rotation spreads the variance over the four
+    rng = np.random.default_rng(0)
+    scale = np.arange(1, 33) ** -1.0
+    vectors = (rng.standard_normal((3000, 32)) * scale).astype(np.float32)
+    queries = (vectors[:100] + 0.3 * rng.standard_normal((100, 32)) * scale).astype(np.float32)
+    exact = exact_top(vectors, queries, 3)
+    plain = build_from_vectors(vectors, DenseIndexSpec("ivfpq", nlist=4, pq_m=4))
+    opq = build_from_vectors(vectors, DenseIndexSpec("opq-ivfpq", nlist=4, pq_m=4))
+    assert isinstance(opq, faiss.IndexPreTransform)  # the learnt rotation in front of IVF-PQ
+    rotation = faiss.downcast_VectorTransform(opq.chain.at(0))
+    assert isinstance(rotation, faiss.OPQMatrix) and rotation.is_trained
+    r = faiss.vector_to_array(rotation.A).reshape(32, 32)
+    assert np.allclose(r @ r.T, np.eye(32), atol=1e-3) and not np.allclose(r, np.eye(32), atol=0.1)
+    for index in (plain, opq):
+        set_search_params(index, nprobe=4)
+    with_opq, without = (recall_at(i.search(queries, 3)[1], exact, 3) for i in (opq, plain))
+    assert with_opq > without + 0.2  # measured 0.72 against 0.32
 
 
 def test_memory_per_passage_and_defaults():

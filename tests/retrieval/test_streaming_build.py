@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from searchr1.retrieval import bm25_build
 from searchr1.retrieval import build as build_mod
-from searchr1.retrieval.bm25 import BM25Retriever, _best, hash_terms
+from searchr1.retrieval.analysis import RegexAnalyzer
+from searchr1.retrieval.bm25 import BM25Params, BM25Retriever, _best, hash_terms
 from searchr1.retrieval.bm25_build import BM25StreamBuilder
 from searchr1.retrieval.checkpoint import IndexBuildError, read_state
 from searchr1.retrieval.corpus import Document, ReadPosition, read_corpus, write_corpus
@@ -32,23 +35,88 @@ def _files(folder: Path) -> dict[str, bytes]:
             if p.is_file() and p.name != "manifest.json"}  # fmt: skip
 
 
-@pytest.mark.parametrize("method", ["lucene", "bm25+", "robertson"])
-def test_streamed_bm25_equals_the_one_shot_bm25s_build(tmp_path, method):
+@pytest.mark.parametrize(
+    "settings",
+    [{}, {"preset": "bm25s"}, {"preset": "bm25s", "method": "bm25+"}, {"method": "robertson"},
+     {"doc_length": "exact", "analyzer": "regex"}],
+)  # fmt: skip
+def test_the_spilled_and_merged_build_equals_the_in_memory_one(tmp_path, monkeypatch, settings):
     docs = _zipf_docs(300)
     corpus = write_corpus(docs, tmp_path / "c.jsonl")
-    # chunks of 37 passages and column buffers of ~130 postings: many runs, many column ranges
-    build_index(corpus, tmp_path / "idx", bm25={"method": method}, chunk_passages=37, memory_mb=0.001,
-                show_progress=False)  # fmt: skip
+    plans = []
+    real_plan = bm25_build.plan_ranges
+    monkeypatch.setattr(
+        bm25_build, "plan_ranges", lambda runs, budget: plans.append(real_plan(runs, budget)) or plans[-1]
+    )
+    # chunks of 37 passages and ~100 postings merged at a time: 9 runs, many hash ranges
+    build_index(corpus, tmp_path / "idx", bm25=settings, chunk_passages=37, memory_mb=0.01, show_progress=False)
+    ((groups, cuts),) = plans
+    assert len(cuts) == 9 and len(groups) > 20
     streamed = load_index(tmp_path / "idx")
-    one_shot = BM25Retriever.from_documents(docs, method=method)
-    a, b = streamed.matrix, one_shot.matrix
+    in_memory = BM25Retriever.from_documents(docs, **settings)
+    a, b = streamed.matrix, in_memory.matrix
     assert np.array_equal(a.indptr, b.indptr) and np.array_equal(a.indices, b.indices)
     assert np.array_equal(a.data, b.data)  # bit-identical float32 scores
+    assert np.array_equal(a.column_max(), b.column_max())
+    columns = in_memory.vocab.vocab
+    assert streamed.vocab.terms() == sorted(columns, key=columns.__getitem__)
     assert (a.nonoccurrence is None) == (b.nonoccurrence is None)
     if a.nonoccurrence is not None:
         assert np.array_equal(a.nonoccurrence, b.nonoccurrence)
     queries = [" ".join(d.text.split()[:4]) for d in docs[::9]] + ["w1x w1x w7x", "t3x", "nothing"]
-    assert streamed.search(queries, 5) == one_shot.search(queries, 5)
+    assert streamed.search(queries, 5) == in_memory.search(queries, 5)
+
+
+def test_each_merged_range_holds_at_most_the_budget_unless_it_stands_alone():
+    docs = _zipf_docs(400, seed=3, vocab=3000)
+    analyzer = BM25Params.from_preset().make_analyzer()
+    runs = [bm25_build.make_run(docs[i : i + 50], analyzer, i) for i in range(0, 400, 50)]
+    for budget in (50, 400, 3000):
+        groups, cuts = bm25_build.plan_ranges(runs, budget)
+        sizes = [sum(int(p[g1] - p[g0]) for _, p in cuts) for g0, g1 in groups]
+        assert sum(sizes) == sum(r.n_postings for r in runs)
+        assert all(size <= budget or g1 - g0 == 1 for size, (g0, g1) in zip(sizes, groups, strict=True))
+        assert [g[0] for g in groups[1:]] == [g[1] for g in groups[:-1]]  # contiguous, in hash order
+
+
+def test_terms_whose_first_hashes_collide_get_columns_of_their_own_and_the_vocabulary_is_hashed_again(
+    tmp_path, monkeypatch
+):
+    real = bm25_build.term_key
+    monkeypatch.setattr(bm25_build, "term_key", lambda t: (7, real(t)[1]))  # every first hash the same
+    docs = _zipf_docs(120, seed=5)
+    build_index(write_corpus(docs, tmp_path / "c.jsonl"), tmp_path / "idx", chunk_passages=30, show_progress=False)
+    streamed = load_index(tmp_path / "idx")
+    hashes = np.load(tmp_path / "idx" / "bm25" / "vocab.hash.npy")  # hashed again: distinct, sorted
+    assert len(np.unique(hashes)) == len(hashes) == len(in_memory_terms := streamed.vocab.terms())
+    assert np.all(hashes[1:] > hashes[:-1]) and len(in_memory_terms) > 100
+    in_memory = BM25Retriever.from_documents(docs)
+    assert np.array_equal(streamed.matrix.data, in_memory.matrix.data)
+    queries = [" ".join(d.text.split()[:3]) for d in docs[::5]]
+    assert streamed.search(queries, 5) == in_memory.search(queries, 5)
+    assert all(streamed.search([t], 1)[0] for t in ("w1x", "w2x", "t3x"))
+
+
+def test_the_bm25s_preset_scores_as_bm25s_does():
+    import bm25s
+
+    docs = _zipf_docs(300, seed=4)
+    for method in ("lucene", "bm25l"):
+        ours = BM25Retriever.from_documents(docs, preset="bm25s", method=method)
+        tok = RegexAnalyzer("english", "en")
+        vocab: dict[str, int] = {}
+        ids = [[vocab.setdefault(t, len(vocab)) for t in tok(f"{d.title} {d.text}")] for d in docs]
+        model = bm25s.BM25(k1=1.5, b=0.75, method=method)
+        model.index((ids, vocab), show_progress=False)
+        sc = model.scores
+        terms = set(vocab) - {""}  # bm25s adds an empty term to the vocabulary it is given
+        assert terms == set(ours.vocab.vocab)
+        for term in terms:
+            col = model.vocab_dict[term]
+            theirs = slice(sc["indptr"][col], sc["indptr"][col + 1])
+            mine = ours.vocab.lookup([term])[0]
+            rows, vals = ours._column(mine)
+            assert np.array_equal(rows, sc["indices"][theirs]) and np.array_equal(vals, sc["data"][theirs])
 
 
 def test_maxscore_top_k_equals_exhaustive_scoring(tmp_path):
@@ -74,11 +142,11 @@ def test_hashed_vocabulary_finds_every_term_and_resolves_collisions(monkeypatch)
     terms = [f"term{i}" for i in range(500)]
     _, ids, salt = hash_terms(terms)
     assert salt == 0 and sorted(ids.tolist()) == list(range(500))
-    from searchr1.retrieval import bm25
+    from searchr1.retrieval import bm25_index
 
-    real = bm25.term_hash
-    monkeypatch.setattr(bm25, "term_hash", lambda t, s=0: 7 if s == 0 else real(t, s))  # all collide
-    _, _, salt = bm25.hash_terms(terms)
+    real = bm25_index.term_hash
+    monkeypatch.setattr(bm25_index, "term_hash", lambda t, s=0: 7 if s == 0 else real(t, s))  # all collide
+    _, _, salt = bm25_index.hash_terms(terms)
     assert salt == 1
 
 
@@ -104,6 +172,18 @@ def test_corpus_batches_end_on_lines_and_resume_from_a_position(tmp_path):
 
 class _Stop(Exception):
     pass
+
+
+def _count_calls(monkeypatch, target, name: str, measure) -> list:
+    """Record ``measure(*args)`` of every call of ``target.name`` (the work a resumed build does)."""
+    real, seen = getattr(target, name), []
+
+    def wrapped(*args, **kwargs):
+        seen.append(measure(*args, **kwargs))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(target, name, wrapped)
+    return seen
 
 
 def _interrupt_after(monkeypatch, target, name: str, calls: int, exc: BaseException) -> None:
@@ -134,8 +214,10 @@ def test_a_resumed_bm25_build_equals_an_uninterrupted_one(tmp_path, monkeypatch)
         load_index(tmp_path / "cut")  # never served half built
     with pytest.raises(IndexBuildError, match="--resume"):
         build_index(corpus, tmp_path / "cut", chunk_passages=40, show_progress=False)
+    chunks_after = _count_calls(monkeypatch, BM25StreamBuilder, "add_chunk", lambda self, docs, *a, **k: len(docs))
     m = build_index(corpus, tmp_path / "cut", chunk_passages=40, show_progress=False, resume=True)
     assert m.build["resumed"] and m.num_documents == 250
+    assert chunks_after == [40, 40, 40, 10]  # only the chunks after the checkpoint were read again
     assert _files(tmp_path / "cut") == _files(tmp_path / "whole")
     assert not (tmp_path / "cut" / ".build").exists()
 
@@ -192,6 +274,42 @@ def test_disk_full_is_a_clear_error_and_leaves_nothing_serve_would_load(tmp_path
     assert m.num_documents == 150 and len(load_index(tmp_path / "idx").docs) == 150
 
 
+@pytest.mark.parametrize("where", ["run", "index"])
+def test_a_full_disk_while_spilling_or_merging_cleans_up_and_names_the_folder_and_the_space(
+    tmp_path, monkeypatch, where
+):
+    corpus = write_corpus(_zipf_docs(200), tmp_path / "c.jsonl")
+    build_index(corpus, tmp_path / "whole", chunk_passages=40, show_progress=False)
+    real_write, written = bm25_build._write, {"bytes": 0}
+
+    def filling_disk(fh, data):
+        name = str(fh.name)
+        hit = ("run_000002" in name) if where == "run" else (f"{os.sep}bm25{os.sep}" in name)
+        if hit:
+            written["bytes"] += len(data) if isinstance(data, bytes) else np.asarray(data).nbytes
+            if written["bytes"] > 300:  # the disk fills a few hundred bytes into the file
+                raise OSError(errno.ENOSPC, "No space left on device", name)
+        real_write(fh, data)
+
+    monkeypatch.setattr(bm25_build, "_write", filling_disk)
+    with pytest.raises(IndexBuildError) as info:
+        build_index(corpus, tmp_path / "idx", chunk_passages=40, show_progress=False)
+    message = str(info.value)
+    spill = tmp_path / "idx" / ".build" / "bm25_runs"
+    folder = spill if where == "run" else tmp_path / "idx" / "bm25"
+    assert f"disk full in {folder} (its partial file removed; it needs about" in message
+    assert "rerun with --resume" in message
+    needed = int(message.split(" bytes) more")[0].split("(")[-1].replace(",", ""))
+    index = sum(p.stat().st_size for p in (tmp_path / "whole" / "bm25").iterdir())
+    # the index still to write (and, while spilling, the runs of the chunks left)
+    assert 0.5 * index < needed < (4 if where == "run" else 2) * index
+    assert sorted(p.name for p in spill.iterdir()) == [f"run_{k:06d}.run" for k in range(2 if where == "run" else 5)]
+    assert not (tmp_path / "idx" / "bm25").exists() and not (tmp_path / "idx" / "manifest.json").exists()
+    monkeypatch.undo()
+    build_index(corpus, tmp_path / "idx", chunk_passages=40, show_progress=False, resume=True)
+    assert _files(tmp_path / "idx") == _files(tmp_path / "whole")
+
+
 class _FakeEncoder:
     """A deterministic stand-in for the sentence encoder: vectors from a hash of the text."""
 
@@ -217,8 +335,11 @@ def test_a_resumed_dense_build_equals_an_uninterrupted_one(tmp_path, monkeypatch
         with pytest.raises(KeyboardInterrupt):
             build_index(corpus, tmp_path / "cut", **opts)
     assert read_state(tmp_path / "cut").passages == 250
+    encoded = _count_calls(monkeypatch, _FakeEncoder, "encode_passages", lambda self, docs: len(docs))
+    added = _count_calls(monkeypatch, build_mod, "fill_index", lambda index, vectors, start=0, **kw: len(vectors) - start)
     manifest = build_index(corpus, tmp_path / "cut", resume=True, **opts)
     assert manifest.model == "fake-encoder" and manifest.params["index_type"] == kind
+    assert sum(encoded) == 150 and added == [400]  # 150 passages encoded after the checkpoint
     assert _files(tmp_path / "cut") == _files(tmp_path / "whole")
 
 
@@ -243,7 +364,10 @@ def test_a_dense_build_interrupted_while_filling_the_index_resumes_from_its_chec
             build_index(corpus, tmp_path / "cut", **opts)
     state = read_state(tmp_path / "cut")
     assert state.phase == "index" and state.extra["added"] == 192
+    encoded = _count_calls(monkeypatch, _FakeEncoder, "encode_passages", lambda self, docs: len(docs))
+    added = _count_calls(monkeypatch, build_mod, "fill_index", lambda index, vectors, start=0, **kw: len(vectors) - start)
     build_index(corpus, tmp_path / "cut", resume=True, **opts)
+    assert encoded == [] and added == [108]  # nothing encoded again, the 108 vectors left added
     a = faiss.read_index(str(tmp_path / "cut" / "dense" / "index.faiss"))
     b = faiss.read_index(str(tmp_path / "whole" / "dense" / "index.faiss"))
     assert a.ntotal == b.ntotal == 300

@@ -1,0 +1,332 @@
+"""The BM25 index and its scores: settings and presets, the formulas (with Lucene's one-byte document
+lengths and float32 arithmetic), term hashes and vocabularies, and the score matrix on disk -- what
+``bm25`` (search) and ``bm25_build`` (building) share. See ``bm25`` for the model and the file layout.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from searchr1.retrieval.analysis import Analyzer, make_analyzer
+
+BM25_DIR = "bm25"
+TOKENIZER_FILE = "tokenizer.json"
+PARAMS_FILE = "params.index.json"
+DATA_FILE, INDICES_FILE, INDPTR_FILE = "data.csc.index.npy", "indices.csc.index.npy", "indptr.csc.index.npy"
+NONOCCURRENCE_FILE = "nonoccurrence_array.index.npy"
+TERM_MAX_FILE = "term_max.npy"
+VOCAB_HASH_FILE, VOCAB_IDS_FILE, VOCAB_TEXT_FILE = "vocab.hash.npy", "vocab.ids.npy", "vocab.txt"
+LEGACY_VOCAB_FILE = "vocab.index.json"
+METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
+NONOCCURRENCE_METHODS = ("bm25l", "bm25+")
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "pyserini": {"k1": 0.9, "b": 0.4, "analyzer": "lucene-english", "stemmer": "porter",
+                 "stopwords": "lucene", "doc_length": "lucene", "tie_break": "pyserini"},
+    "bm25s": {"k1": 1.5, "b": 0.75, "analyzer": "regex", "stemmer": "english", "stopwords": "en",
+              "doc_length": "exact", "tie_break": "row"},
+}  # fmt: skip
+"""Named settings. ``pyserini`` (the default): Search-R1's retriever, pyserini's ``LuceneSearcher`` at
+its defaults (k1 0.9, b 0.4, Lucene's English analyzer, Lucene's one-byte document lengths);
+``bm25s``: the settings of earlier versions (bm25s's defaults with a Snowball stemmer)."""
+DOC_LENGTHS = ("lucene", "exact")
+
+
+@dataclass
+class BM25Params:
+    """Scoring and tokenisation options (saved with the index); the defaults are the ``pyserini`` preset."""
+
+    k1: float = 0.9
+    b: float = 0.4
+    method: str = "lucene"
+    analyzer: str = "lucene-english"
+    """lucene-english (Lucene's EnglishAnalyzer) | regex (earlier versions): see ``retrieval.analysis``."""
+    stemmer: str | None = "porter"
+    """lucene-english: porter (Lucene's PorterStemFilter) or another PyStemmer algorithm; regex: a
+    PyStemmer language (english, ...); None: no stemming."""
+    stopwords: str | None = "lucene"
+    """lucene: Lucene's 33 English stop words; a bm25s list name (en, de, fr, ...); None: keep every word."""
+    doc_length: str = "lucene"
+    """lucene: a document's length as Lucene stores it, in one byte (``lucene_length``: exact below 24
+    tokens, then 4 significant bits); exact: the token count."""
+    tie_break: str = "pyserini"
+    """Order of hits with equal scores. pyserini: as Anserini (pyserini's engine) orders them, by
+    passage id as text (scores reported rounded to 4 decimals, as pyserini reports them); row: in
+    corpus order (scores reported whole)."""
+    delta: float = 0.5
+    """The lower bound delta of bm25l and bm25+ (ignored by the other methods)."""
+    preset: str | None = "pyserini"
+    """The preset these settings started from (for people: manifests and ``/health`` show it)."""
+
+    @classmethod
+    def from_preset(cls, preset: str = "pyserini", **overrides: Any) -> BM25Params:
+        """The settings of ``preset`` (``PRESETS``) with ``overrides`` on top (None: the preset's value;
+        the string "none" for ``stemmer`` / ``stopwords``: none)."""
+        if preset not in PRESETS:
+            raise ValueError(f"unknown BM25 preset {preset!r}; choose one of {', '.join(PRESETS)}")
+        given = {k: None if v in ("none", "None", "") else v for k, v in overrides.items() if v is not None}
+        unknown = sorted(set(given) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"unknown BM25 setting(s) {', '.join(unknown)}")
+        return cls(**{**PRESETS[preset], "preset": preset, **given})
+
+    @classmethod
+    def from_saved(cls, saved: dict[str, Any]) -> BM25Params:
+        """The settings saved with an index; a folder of an earlier version (no ``analyzer`` key) was
+        built with the ``bm25s`` preset's analyzer and exact lengths."""
+        known = {k: v for k, v in saved.items() if k in cls.__dataclass_fields__}
+        if "analyzer" not in known:
+            known = {"analyzer": "regex", "doc_length": "exact", "tie_break": "row", "preset": None, **known}
+        return cls(**known)
+
+    def validate(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"unknown BM25 method {self.method!r}; choose one of {', '.join(METHODS)}")
+        if self.tie_break not in ("pyserini", "row"):
+            raise ValueError(f"unknown BM25 tie_break {self.tie_break!r}; choose pyserini or row")
+        if self.doc_length not in DOC_LENGTHS:
+            raise ValueError(f"unknown BM25 doc_length {self.doc_length!r}; choose one of {', '.join(DOC_LENGTHS)}")
+        self.make_analyzer()
+
+    def make_analyzer(self) -> Analyzer:
+        return make_analyzer(self.analyzer, self.stemmer, self.stopwords)
+
+
+# -- the formulas ---------------------------------------------------------------------------------
+
+
+def idf(method: str, df: int, n: int) -> float:
+    """Inverse document frequency of a term in ``df`` of ``n`` documents:
+    lucene ``log(1 + (n - df + .5) / (df + .5))``, robertson ``log(max(1, (n - df + .5) / (df + .5)))``,
+    atire ``log(n / df)``, bm25l ``log((n + 1) / (df + .5))``, bm25+ ``log((n + 1) / df)``."""
+    if method == "lucene":
+        return math.log(1 + (n - df + 0.5) / (df + 0.5))
+    if method == "robertson":
+        return math.log(max(1.0, (n - df + 0.5) / (df + 0.5)))
+    if method == "atire":
+        return math.log(n / df)
+    if method == "bm25l":
+        return math.log((n + 1) / (df + 0.5))
+    if method == "bm25+":
+        return math.log((n + 1) / df)
+    raise ValueError(f"unknown BM25 method {method!r}")
+
+
+def tf_component(method: str, tf, doc_len, avg_len: float, k1: float, b: float, delta: float):
+    """The term-frequency factor (float64), with ``L = 1 - b + b * |d| / avgdl``:
+    lucene / robertson ``tf / (k1 L + tf)``, atire ``tf (k1 + 1) / (tf + k1 L)``,
+    bm25l ``(k1 + 1)(c + delta) / (k1 + c + delta)`` with ``c = tf / L``, bm25+ ``(k1 + 1) tf / (k1 L + tf) + delta``."""
+    tf = np.asarray(tf, dtype=np.float64)
+    norm = (1 - b) + b * np.asarray(doc_len, dtype=np.float64) / np.float64(avg_len)
+    if method in ("lucene", "robertson"):
+        return tf / (k1 * norm + tf)
+    if method == "atire":
+        return (tf * (k1 + 1)) / (tf + k1 * norm)
+    if method == "bm25l":
+        c = tf / norm
+        return ((k1 + 1) * (c + delta)) / (k1 + c + delta)
+    if method == "bm25+":
+        return ((k1 + 1) * tf) / (k1 * norm + tf) + delta
+    raise ValueError(f"unknown BM25 method {method!r}")
+
+
+def idf_array(method: str, df: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(float32 IDF per term as stored with the scores, float64 IDF); terms with df 0 get 0."""
+    values, inverse = np.unique(df, return_inverse=True)
+    exact = np.array([idf(method, int(v), n) if v > 0 else 0.0 for v in values], dtype=np.float64)
+    return exact.astype(np.float32)[inverse], exact[inverse]
+
+
+def lucene_norm(length) -> np.ndarray:
+    """Lucene's one-byte document length (``SmallFloat.intToByte4``, the norm BM25Similarity stores):
+    lengths below 24 as they are; above, 24 + a float of 3 mantissa bits and a 5-bit exponent, i.e.
+    ``length - 24`` rounded down to 4 significant bits (61 is scored as 60, 101 as 96)."""
+    n = np.asarray(length, dtype=np.int64)
+    v = np.maximum(n - 24, 0)
+    bits = np.frexp(v.astype(np.float64))[1].astype(np.int64)  # bit length (exact below 2^53)
+    shift = np.maximum(bits - 4, 0)
+    code = np.where(bits < 4, v, ((v >> shift) & 7) | ((shift + 1) << 3))
+    return np.where(n < 24, n, 24 + code).astype(np.uint8)
+
+
+def lucene_length(norm) -> np.ndarray:
+    """The length Lucene scores with for a one-byte norm (``SmallFloat.byte4ToInt``), as float32."""
+    c = np.asarray(norm, dtype=np.int64)
+    v = np.maximum(c - 24, 0)
+    bits, shift = v & 7, (v >> 3) - 1
+    decoded = np.where(shift < 0, bits, (bits | 8) << np.maximum(shift, 0))
+    return np.where(c < 24, c, np.minimum(24 + decoded, 2**31 - 1)).astype(np.float32)
+
+
+LUCENE_LENGTHS = lucene_length(np.arange(256))
+"""The 256 lengths a one-byte norm stands for."""
+
+
+def doc_length_values(lens: np.ndarray, doc_length: str) -> np.ndarray:
+    """Per document, the length the scores use: Lucene's decoded one-byte norm (float32) or the count."""
+    if doc_length == "lucene":
+        return LUCENE_LENGTHS[lucene_norm(lens)]
+    return np.asarray(lens, dtype=np.float64)
+
+
+def term_scores(
+    params: BM25Params, idf32: np.ndarray, tf, dl: np.ndarray, avg_len: float, shift: np.ndarray | None = None
+) -> np.ndarray:
+    """float32 BM25 scores of postings (term IDF, term frequency, document length per posting).
+
+    Method ``lucene`` with Lucene's lengths computes as Lucene's ``BM25Similarity`` does, in float32:
+    ``w - w / (1 + tf * inv)`` with ``w = idf`` and ``inv = 1 / (k1 (1 - b + b dl / avgdl))`` (the same
+    value as ``idf tf / (tf + k1 L)``, rounded as Lucene rounds it); otherwise ``tf_component`` in
+    float64, as bm25s computes it, less ``shift`` (bm25l / bm25+: the score of a passage without the
+    term, added back at search time)."""
+    if params.method == "lucene" and params.doc_length == "lucene":
+        f32 = np.float32
+        k1, b, avg = f32(params.k1), f32(params.b), f32(avg_len)
+        inv = f32(1) / (k1 * ((f32(1) - b) + b * np.asarray(dl, dtype=f32) / avg))
+        w = np.asarray(idf32, dtype=f32)
+        return w - w / (f32(1) + np.asarray(tf, dtype=f32) * inv)
+    tfc = tf_component(params.method, tf, dl, avg_len, params.k1, params.b, params.delta)
+    score = np.asarray(idf32, dtype=np.float64) * tfc
+    if shift is not None:
+        score -= shift
+    return score.astype(np.float32)
+
+
+# -- tokens and the vocabulary ----------------------------------------------------------------------
+
+
+def term_hash(term: str, salt: int = 0) -> int:
+    """A stable 64-bit hash of a term (BLAKE2b, 8 bytes); ``salt`` changes it if two terms collide."""
+    digest = hashlib.blake2b(term.encode("utf-8"), digest_size=8, salt=salt.to_bytes(8, "little"))
+    return int.from_bytes(digest.digest(), "little")
+
+
+def hash_terms(terms: Sequence[str]) -> tuple[np.ndarray, np.ndarray, int]:
+    """(sorted hashes, the column id of each, salt): the first salt under which no two terms collide."""
+    for salt in range(16):
+        hashes = np.fromiter((term_hash(t, salt) for t in terms), dtype=np.uint64, count=len(terms))
+        order = np.argsort(hashes, kind="stable")
+        hashes = hashes[order]
+        if len(hashes) < 2 or not np.any(hashes[1:] == hashes[:-1]):
+            return hashes, order.astype(np.uint32), salt
+    raise ValueError("cannot hash the vocabulary without collisions")  # 16 salts in a row: never
+
+
+class DictVocabulary:
+    """Term -> column id in a dictionary (in-memory indexes and folders written by bm25s)."""
+
+    def __init__(self, vocab: dict[str, int]):
+        self.vocab = vocab
+
+    def __len__(self) -> int:
+        return len(self.vocab)
+
+    def lookup(self, terms: Iterable[str]) -> list[int]:
+        """Column ids of the terms in the vocabulary (unknown terms dropped)."""
+        v = self.vocab
+        return [v[t] for t in terms if t in v]
+
+
+class HashedVocabulary:
+    """Term -> column id by binary search among sorted 64-bit term hashes (memory-mapped)."""
+
+    def __init__(self, hashes: np.ndarray, ids: np.ndarray, salt: int, terms_file: Path | None = None):
+        self.hashes, self.ids, self.salt = hashes, ids, salt
+        self.terms_file = terms_file
+        """``vocab.txt``: the terms themselves, in column order (read only to save a copy)."""
+
+    def terms(self) -> list[str]:
+        if self.terms_file is None:
+            raise ValueError("this vocabulary has no terms file")
+        return self.terms_file.read_text(encoding="utf-8").splitlines()
+
+    def __len__(self) -> int:
+        return len(self.hashes)
+
+    def lookup(self, terms: Iterable[str]) -> list[int]:
+        h = np.fromiter((term_hash(t, self.salt) for t in terms), dtype=np.uint64)
+        if len(h) == 0 or len(self.hashes) == 0:
+            return []
+        pos = np.minimum(np.searchsorted(self.hashes, h), len(self.hashes) - 1)
+        found = self.hashes[pos] == h
+        return [int(i) for i in self.ids[pos[found]]]
+
+
+# -- the score matrix on disk -------------------------------------------------------------------------
+
+
+@dataclass
+class ScoreMatrix:
+    """BM25 scores in CSC form: column t = the documents ``indices[indptr[t]:indptr[t+1]]`` (ascending)
+    holding term t, with their scores ``data[...]``; ``term_max[t]`` is the column's largest score."""
+
+    data: np.ndarray
+    indices: np.ndarray
+    indptr: np.ndarray
+    num_docs: int
+    nonoccurrence: np.ndarray | None = None
+    """bm25l / bm25+: each term's score in a document without it (added to every document)."""
+    term_max: np.ndarray | None = None
+
+    def column_max(self) -> np.ndarray:
+        """Largest score per column (0 for an empty one), computed once when not stored."""
+        if self.term_max is None:
+            starts, ends = np.asarray(self.indptr[:-1]), np.asarray(self.indptr[1:])
+            out = np.zeros(len(starts), dtype=np.float32)
+            nonempty = ends > starts
+            if self.data.size:
+                out[nonempty] = np.maximum.reduceat(np.asarray(self.data), starts[nonempty])
+            self.term_max = out
+        return self.term_max
+
+
+def write_params(out: Path, params: BM25Params, num_docs: int, vocab_size: int | None, vocab_salt: int) -> None:
+    """``params.index.json`` (bm25s's keys plus the vocabulary hash salt) and ``tokenizer.json``."""
+    meta = {
+        "k1": params.k1, "b": params.b, "delta": params.delta, "method": params.method,
+        "idf_method": params.method, "dtype": "float32", "int_dtype": "int32", "num_docs": num_docs,
+        "vocab_salt": vocab_salt, "vocab_size": vocab_size,
+    }  # fmt: skip
+    (out / PARAMS_FILE).write_text(json.dumps(meta, indent=2))
+    (out / TOKENIZER_FILE).write_text(json.dumps(asdict(params), indent=2))
+
+
+def write_vocabulary(out: Path, terms: Sequence[str]) -> int:
+    """The hashed vocabulary and ``vocab.txt``; returns the hash salt."""
+    hashes, ids, salt = hash_terms(terms)
+    np.save(out / VOCAB_HASH_FILE, hashes)
+    np.save(out / VOCAB_IDS_FILE, ids)
+    with (out / VOCAB_TEXT_FILE).open("w", encoding="utf-8") as fh:
+        for t in terms:
+            fh.write(t + "\n")
+    return salt
+
+
+def load_matrix(src: Path, mmap: bool = True) -> tuple[ScoreMatrix, object, dict]:
+    """(score matrix, vocabulary, params.index.json) of a ``bm25`` folder."""
+    mode = "r" if mmap else None
+    meta = json.loads((src / PARAMS_FILE).read_text())
+    data, indices = np.load(src / DATA_FILE, mmap_mode=mode), np.load(src / INDICES_FILE, mmap_mode=mode)
+    indptr = np.load(src / INDPTR_FILE)  # vocabulary-sized: read whole, it is touched by every query
+    nonocc = np.load(src / NONOCCURRENCE_FILE) if (src / NONOCCURRENCE_FILE).is_file() else None
+    term_max = np.load(src / TERM_MAX_FILE) if (src / TERM_MAX_FILE).is_file() else None
+    matrix = ScoreMatrix(data, indices, indptr, int(meta["num_docs"]), nonocc, term_max)
+    if (src / VOCAB_HASH_FILE).is_file():
+        vocab: object = HashedVocabulary(
+            np.load(src / VOCAB_HASH_FILE, mmap_mode=mode),
+            np.load(src / VOCAB_IDS_FILE, mmap_mode=mode),
+            int(meta.get("vocab_salt", 0)),
+            src / VOCAB_TEXT_FILE,
+        )
+    else:
+        vocab = DictVocabulary(json.loads((src / LEGACY_VOCAB_FILE).read_text(encoding="utf-8")))
+    return matrix, vocab, meta

@@ -169,6 +169,9 @@ def one_run(
     log(f"  before: {_line(evals['before'], test, out / 'eval_before')}")
     nq_before = _evaluate_nq(trainer, nq, out / "eval_nq_before", prompt_path, seed)
     result = trainer.train()
+    best = trainer.restore_best() if trainer.cfg.trainer.keep_best == "val_em" else None
+    if best is not None:
+        log(f"  the best validated policy is evaluated: step {best['step']} (validation EM {best['em']:.3f})")
     if result.get("updates", 1):
         evals["after"] = evaluate_policy(trainer, test, out / "eval_after", str(prompt_path), seed)
     else:  # the policy never changed: greedy decoding gives the same trajectories again
@@ -191,6 +194,7 @@ def one_run(
         "reward_curve": curve,
         "steps": result.get("step"),
         "updates": result.get("updates"),
+        "best": best,
         "health": result.get("health", []),
         "plots": result.get("plots", []),
         "seconds": time.perf_counter() - t0,

@@ -141,6 +141,8 @@ class RLTrainer:
         self.updates = 0
         """Steps whose policy update ran (the policy can only have changed if this is > 0)."""
         self.best_val: dict[str, float] | None = None
+        self._best_params: dict[str, torch.Tensor] | None = None
+        """The trainable parameters of the best validated policy, kept in memory for ``restore_best``."""
         """``{"step", "em"}`` of the best validation so far (``trainer.keep_best``)."""
         rcfg = cfg.replay
         self.replay = ReplayBuffer(rcfg.keep_per_question, rcfg.max_age) if rcfg.enabled else None
@@ -931,6 +933,7 @@ class RLTrainer:
             return
         self.best_val = {"step": self.step, "em": em}
         metrics["val/best_em"] = em
+        self._best_params = {n: p.detach().clone() for n, p in self.policy.named_parameters() if p.requires_grad}
         policy_sd = full_state_dict(self.policy, self.dist) if self.dist.enabled and not self.lora else None
         if self.dist.is_main:
             checkpoint.save_best(
@@ -941,6 +944,20 @@ class RLTrainer:
                 self.best_val,
             )
         barrier(self.dist)
+
+    @torch.no_grad()
+    def restore_best(self) -> dict[str, float] | None:
+        """Put the best validated policy of this run (``trainer.keep_best=val_em``) back into the policy, in
+        place (the engine follows, as after an update); returns its ``{"step", "em"}``, or None when this
+        process validated none (no keep_best, no validation yet, or a resumed run: its best is in
+        ``checkpoints/best``)."""
+        if self._best_params is None or self.best_val is None:
+            return None
+        for name, param in self.policy.named_parameters():
+            if name in self._best_params:
+                param.copy_(self._best_params[name])
+        self._hand_weights(self.step)
+        return dict(self.best_val)
 
     def _search_alert(self, metrics: dict[str, float]) -> SearchAlert:
         """This step's failed / attempted searches (all ranks) through the search-failure monitor."""

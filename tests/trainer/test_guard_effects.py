@@ -75,6 +75,11 @@ def test_keep_best_exports_the_best_validated_policy_not_the_last(world, tiny_mo
     assert "newest checkpoint step_000003" in capsys.readouterr().out
     assert same(weights(tmp_path / "export-last"), last)
 
+    # in the same process, restore_best puts step 2's policy back (what the demo evaluates as "after")
+    assert same({k: v.detach() for k, v in trainer.policy.state_dict().items()}, at_step[3])
+    assert trainer.restore_best() == {"step": 2, "em": 0.75}
+    assert same({k: v.detach() for k, v in trainer.policy.state_dict().items()}, at_step[2])
+
 
 def test_export_best_of_a_run_without_a_kept_best_is_one_line(world, tiny_model_dir, tmp_path, capsys):
     run = tmp_path / "run"

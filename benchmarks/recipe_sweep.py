@@ -46,6 +46,16 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "steps": 20,
     },
     "credit-noreplay": {"about": "credit without replay", "set": [*CREDIT, "replay.enabled=false"]},
+    "credit-pool": {
+        "about": "credit with Search-R1's format scores kept, on a pool of 48 training questions (each drawn "
+        "twice in 12 steps, so that replay has successes to bring back)",
+        "set": [
+            *CREDIT,
+            "reward.structure_format_score=0.2",
+            "reward.final_format_score=0.1",
+            "data.max_train_samples=48",
+        ],
+    },
     "credit-format": {
         "about": "credit with Search-R1's format scores kept (0.2 structure, 0.1 final format)",
         "set": [*CREDIT, "reward.structure_format_score=0.2", "reward.final_format_score=0.1"],

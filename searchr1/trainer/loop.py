@@ -198,6 +198,8 @@ class RLTrainer:
         self.retriever = built.retriever
         self.reward_fn = built.reward_fn
         self.train_samples = built.train_samples
+        if self.cfg.data.max_train_samples:
+            self.train_samples = self.train_samples[: self.cfg.data.max_train_samples]
         self.val_samples = built.val_samples
         self.engine = built.engine or build_engine(self.cfg, self.policy, self.tokenizer, self.retriever)
         self.lora = built.lora

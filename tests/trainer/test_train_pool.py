@@ -26,5 +26,5 @@ def test_a_small_pool_brings_its_questions_back(tiny_model_dir, tmp_path):
 
 
 def test_a_negative_pool_is_refused(tiny_model_dir, tmp_path):
-    with pytest.raises(ValueError, match="data.max_train_samples: must be >= 0"):
+    with pytest.raises(ValueError, match=r"data\.max_train_samples: must be >= 0"):
         rlworld.load(rlworld.write_world(tmp_path / "w"), tiny_model_dir, tmp_path / "r", data__max_train_samples=-1)

@@ -25,6 +25,7 @@ from searchr1.registry import Registry
 from searchr1.rewards.embedding import answer_similarity
 from searchr1.rewards.format import FormatResult, check_format
 from searchr1.rewards.judge import JudgeClient
+from searchr1.rewards.steps import gold_coverage
 from searchr1.rewards.text import (
     ANSWER_METRICS,
     answer_from_spans,
@@ -193,6 +194,19 @@ class RetrievalHit(RewardComponent):
 
     def score(self, ctx: RewardContext) -> float:
         return float(retrieval_hit(ctx, self.cfg.normalization))
+
+
+@register_reward("gold_coverage")
+class GoldCoverage(RewardComponent):
+    """The share of the question's gold passages that the trajectory's searches retrieved: the row's
+    supporting passages (``reward.step_gold``), else a passage holding a golden answer; 0 when the row
+    names none. It is the trajectory's total of StepSearch's information gain (``searchr1.rewards.steps``)
+    as an outcome term, so that in a group a trajectory that found both passages of a two-hop question
+    scores above one that found the first only (the per-turn step rewards, normalised over the group's
+    search turns, pay every turn that found something new alike)."""
+
+    def score(self, ctx: RewardContext) -> float:
+        return gold_coverage(ctx.meta, ctx.documents, self.cfg) or 0.0
 
 
 def retrieval_hit(ctx: RewardContext, normalization: str) -> bool:

@@ -129,6 +129,24 @@ def step_credit(traj: Any, cfg: RewardConfig, decode: Callable[[list[int]], str]
     return StepCredit(turns, kind)
 
 
+def gold_coverage(
+    meta: Mapping[str, Any], documents: Sequence[Sequence[Mapping[str, Any]]], cfg: RewardConfig
+) -> float | None:
+    """The share of the question's gold units (``reward.step_gold``) that any retrieved passage covers:
+    ``|U_k U_{h in H_k} cov(h)  intersect  G| / |G|``, the sum of a trajectory's gains over ``step_gain``;
+    None when the row names no gold."""
+    kind, gold = gold_units(meta, cfg.step_gold)
+    if not kind:
+        return None
+    golden = [str(g) for g in meta.get("golden_answers") or []]
+    norm = normalizer(cfg.normalization)
+    covered: set[str] = set()
+    for hits in documents:
+        for h in hits:
+            covered |= _covers(h, kind, golden, norm) & gold
+    return len(covered) / len(gold)
+
+
 def step_metrics(credits: Sequence[StepCredit]) -> dict[str, float]:
     """Sums for the step metrics (the trainer reduces them over ranks and divides by the counts):
     ``step/reward_mean`` over scored search turns, the share of them that found new gold

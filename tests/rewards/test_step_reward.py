@@ -201,3 +201,24 @@ def test_synthetic_rows_name_the_passage_holding_each_hops_fact():
     bridge = next(r for r in rows if r["metadata"]["type"] == "bridge")
     last_hop = corpus[bridge["metadata"]["supporting_ids"][-1]]
     assert bridge["golden_answers"][0] in last_hop  # the answer is in the last hop's passage
+
+
+def test_gold_coverage_is_the_share_of_gold_passages_found_by_the_whole_trajectory():
+    from searchr1.rewards.composite import context_from_trajectory
+    from searchr1.rewards.registry import build_component
+
+    gold_a, gold_b, other = hit("7", "Quillon Press"), hit("9", "Alice Verdan"), hit("3", "Borvik")
+    meta = {"supporting_ids": ["7", "9"], "golden_answers": ["Borvik"]}
+    component = build_component("gold_coverage", CFG)
+    for documents, want in (
+        ([], 0.0),  # no search
+        ([[other], [other]], 0.0),  # searched, found no gold
+        ([[gold_a, other], [gold_a]], 0.5),  # one hop found (twice): half
+        ([[gold_a], [other], [gold_b]], 1.0),  # both hops
+    ):
+        traj = scripted(documents, meta)
+        assert component.score(context_from_trajectory(traj, decode)) == pytest.approx(want)
+    # without supporting passages: a passage holding a golden answer is the one gold unit
+    answer_only = {"golden_answers": ["Borvik"]}
+    assert component.score(context_from_trajectory(scripted([[other]], answer_only), decode)) == 1.0
+    assert component.score(context_from_trajectory(scripted([[gold_a]], answer_only), decode)) == 0.0

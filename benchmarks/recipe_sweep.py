@@ -25,6 +25,9 @@ from typing import Any
 
 HARNESS = ["trainer.val_every=4", "trainer.val_max_samples=32", "trainer.keep_best=val_em"]
 """Every variant validates every 4 steps on 32 validation questions and ships the best validated policy."""
+FROM_START = ["trainer.val_before_train=true"]
+"""Variants named ``+v0`` also validate the starting policy, so a run that only got worse ships it (the first
+variants of the sweep ran without: a policy that collapsed before step 4 was shipped)."""
 CREDIT = [
     "reward.structure_format_score=0.0",
     "reward.final_format_score=0.0",
@@ -46,6 +49,20 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "steps": 20,
     },
     "credit-noreplay": {"about": "credit without replay", "set": [*CREDIT, "replay.enabled=false"]},
+    "shipped+v0": {"about": "shipped, the starting policy validated too", "set": FROM_START},
+    "coverage+v0": {
+        "about": "Search-R1's reward + gold_coverage 0.3 (the share of gold passages found) + step rewards + "
+        "replay on a pool of 48 training questions; the starting policy validated too",
+        "set": [
+            *FROM_START,
+            "reward.components={search_r1: 1.0, gold_coverage: 0.3}",
+            "reward.step_gain=0.5",
+            "reward.step_redundancy=0.1",
+            "algorithm.step_credit_coef=1.0",
+            "replay.enabled=true",
+            "data.max_train_samples=48",
+        ],
+    },
     "credit-pool": {
         "about": "credit with Search-R1's format scores kept, on a pool of 48 training questions (each drawn "
         "twice in 12 steps, so that replay has successes to bring back)",

@@ -114,7 +114,8 @@ class TrainerConfig:
     val_every: int = 0
     """Validate every N steps (0 = never during training)."""
     val_before_train: bool = False
-    """Validate once before the first step."""
+    """Validate once before the first step (with keep_best, the starting policy is then the first candidate:
+    a run that only got worse ships the policy it started from)."""
     val_max_samples: int = 0
     """Validation questions at most (0 = all)."""
     keep_best: Literal["none", "val_em"] = "none"

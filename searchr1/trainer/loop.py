@@ -855,6 +855,7 @@ class RLTrainer:
             if self.tcfg.val_before_train and self.step == 0:
                 first_val = self.validate()
                 if first_val:
+                    self._keep_if_best(first_val)  # the starting policy is the first candidate
                     logger.log(0, first_val)
             while self.step < self.tcfg.total_steps:
                 metrics = self.train_step()

@@ -81,6 +81,24 @@ def test_keep_best_exports_the_best_validated_policy_not_the_last(world, tiny_mo
     assert same({k: v.detach() for k, v in trainer.policy.state_dict().items()}, at_step[2])
 
 
+def test_with_validation_before_training_a_run_that_only_got_worse_restores_its_start(world, tiny_model_dir, tmp_path):
+    """Validation EM 0.5 before training, lower after each step: the best is the starting policy."""
+    cfg = rlworld.load(
+        world, tiny_model_dir, tmp_path / "run", reward__components={"rlworld:token_set_reward": 1.0},
+        trainer__total_steps=2, trainer__val_every=1, trainer__keep_best="val_em", trainer__val_before_train=True,
+    )  # fmt: skip
+    trainer = RLTrainer(cfg)
+    trainer.setup()
+    start = {k: v.detach().clone() for k, v in trainer.policy.state_dict().items()}
+    scripted = iter([0.5, 0.25, 0.0])
+    real_validate = trainer.validate
+    trainer.validate = lambda: {**real_validate(), "val/em": next(scripted)}
+    trainer.train()
+    assert not same({k: v.detach() for k, v in trainer.policy.state_dict().items()}, start)  # it moved
+    assert trainer.restore_best() == {"step": 0, "em": 0.5}
+    assert same({k: v.detach() for k, v in trainer.policy.state_dict().items()}, start)
+
+
 def test_export_best_of_a_run_without_a_kept_best_is_one_line(world, tiny_model_dir, tmp_path, capsys):
     run = tmp_path / "run"
     RLTrainer(rlworld.load(world, tiny_model_dir, run, trainer__total_steps=1)).train()

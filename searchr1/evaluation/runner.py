@@ -24,7 +24,7 @@ from searchr1.evaluation import store
 from searchr1.evaluation.aggregate import aggregate
 from searchr1.evaluation.errors import EvaluationError
 from searchr1.evaluation.modes import MODES, Mode, get_mode, mode_prompt, parse_modes, sample_view
-from searchr1.evaluation.tables import TABLE_METRICS, format_paper_table, paper_table
+from searchr1.evaluation.tables import TABLE_METRICS, format_paper_table, generated_by, paper_table
 from searchr1.rollout.records import jsonable_hit, trajectory_record
 from searchr1.rollout.search import SearchRunner
 
@@ -323,7 +323,9 @@ def write_results(
         "tables": {metric: _table_json(paper_table(merged, metric)) for metric in TABLE_METRICS},
     }
     store.write_json_atomic(out / store.RESULTS_FILE, results)
-    (out / store.TABLE_FILE).write_text(format_paper_table(paper_table(merged, "em"), markdown=True))
+    head = generated_by(settings)
+    table = format_paper_table(paper_table(merged, "em"), markdown=True)
+    (out / store.TABLE_FILE).write_text(f"{head}\n\n{table}" if head else table)
     return results
 
 

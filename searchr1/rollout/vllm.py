@@ -189,6 +189,7 @@ class VLLMRolloutEngine(RolloutEngine):
         self._abort = threading.Event()
         self.last_stats: dict[str, float] = {"server_start_s": self.server.started_s}
         self.last_sync: dict[str, float] = {}
+        self._check_dtype()
         self._check_generates(folder)
 
     # -- the server -------------------------------------------------------------------------------------
@@ -233,6 +234,20 @@ class VLLMRolloutEngine(RolloutEngine):
                 f"vLLM loaded {folder} but cannot generate with it ({exc}); rollout.engine=hf generates with "
                 "this project's own engine instead"
             ) from None
+
+    def _check_dtype(self) -> None:
+        """The server generates in the dtype asked for (``rollout.dtype``): a server given by URL was started
+        with a ``--dtype`` of its own, and one that runs in another is one line naming both."""
+        served = self.client.served_dtype()
+        if served is None or served == self.dtype:
+            return
+        asked = self.config.dtype
+        asked = self.dtype if asked == self.dtype else f"{asked} ({self.dtype} here)"
+        self.close()
+        raise VLLMError(
+            f"the vLLM server at {self.server.url} generates in {served}, but rollout.dtype is {asked}; "
+            f"ask for {served} (eval / ask: --dtype {served}) or start the server with --dtype {self.dtype}"
+        )
 
     def _served_base_model(self) -> tuple[str, int]:
         """The base model's name and context length on a server given by URL (the first model listed that

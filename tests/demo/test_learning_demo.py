@@ -134,6 +134,7 @@ def test_before_after_joins_questions_and_trajectories_by_index(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.learning
 @pytest.mark.timeout(1200)
 def test_quick_demo_reward_rises(tmp_path):
     """``searchr1 demo --quick`` (seed 0, SmolLM2-135M-Instruct): the smoothed training reward ends

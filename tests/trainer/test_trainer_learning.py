@@ -14,6 +14,8 @@ import rlworld
 
 from searchr1.trainer.loop import RLTrainer
 
+pytestmark = pytest.mark.learning  # statistical: whether the reward rises, not what a function returns
+
 FAMILIES = {
     "grpo": {"algorithm__advantage": "grpo", "rollout__n": 4, "trainer__batch_size": 4,
              "trainer__mini_batch_size": 2, "trainer__actor_lr": 1e-2, "trainer__total_steps": 12},

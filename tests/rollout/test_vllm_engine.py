@@ -107,61 +107,6 @@ def _gap(a: list[float], b: list[float]) -> float:
     return max(abs(x - y) for x, y in zip(a, b, strict=True))
 
 
-def test_dtype_float32_makes_eval_with_engine_vllm_generate_in_float32_and_score_like_hf(
-    smollm2, world, tmp_path, capsys, monkeypatch
-):
-    """``--dtype float32`` alone: the server the engine starts runs in float32 (its configuration says so),
-    its log-probs are a float32 forward pass's, the results record it, and the answers are the HF engine's."""
-    import searchr1.evaluation.cli as eval_cli
-    from searchr1.cli import main
-    from searchr1.models import load_model
-
-    engines, trajs = [], []
-    real = eval_cli.build_engine
-
-    def spied(*args, **kwargs):
-        engine = real(*args, **kwargs)
-        engines.append((engine, getattr(engine, "client", None) and engine.client.served_dtype()))
-        generate = engine.generate
-
-        def recorded(*a, **k):
-            out = generate(*a, **k)
-            trajs.extend(out)
-            return out
-
-        engine.generate = recorded
-        return engine
-
-    monkeypatch.setattr(eval_cli, "build_engine", spied)
-
-    def run(engine: str) -> dict:
-        out = tmp_path / engine
-        argv = ["eval", "--model", "smollm2-135m-instruct", "--template", "instruct_1shot",
-                "--data", world["test"], "--corpus", world["corpus"], "--topk", "1", "--limit", "12",
-                "--max-turns", "2", "--max-turn-tokens", "48", "--engine", engine, "--dtype", "float32",
-                "--out", out]  # fmt: skip
-        assert main([str(a) for a in argv]) == 0
-        return json.loads((out / "results.json").read_text())["summaries"]["agent"]
-
-    ours = run("vllm")
-    vllm_engine, served = engines[0]
-    assert (vllm_engine.dtype, served) == ("float32", "float32")
-    assert ours["settings"]["dtype"] == "float32" and ours["settings"]["engine"] == "vllm"
-    model = load_model(smollm2, dtype="float32").eval()
-    gaps = [_gap([lp for lp, r in zip(t.logprobs, t.roles, strict=True) if r == Role.GENERATED],
-                 _policy_logprobs(model, t, 1.0)) for t in trajs]  # fmt: skip
-    assert max(gaps) < LOGPROB_TOL
-    theirs = run("hf")
-    capsys.readouterr()
-    assert ours["overall"]["n"] == theirs["overall"]["n"] == 12
-    assert ours["overall"]["em"] == theirs["overall"]["em"]
-    assert ours["overall"]["searches"] == theirs["overall"]["searches"]
-    answers = [[json.loads(x)["answer"] for x in (tmp_path / e / "agent" / "trajectories.jsonl").read_text().splitlines()]
-               for e in ("vllm", "hf")]  # fmt: skip
-    assert answers[0] == answers[1]
-    print(f"eval --engine vllm --dtype float32: log-probs within {max(gaps):.1e} of a float32 forward pass")
-
-
 SIGNAL = ["reward.components={f1: 1.0, search_penalty: -0.1}"]
 """F1 alone is 0 for every sample of most groups of this model (no advantage, no update); the search count
 differs between samples of a group far more often."""
@@ -204,6 +149,7 @@ def test_full_weights_reach_the_server_after_a_grpo_update(tmp_path):
     try:
         trainer.setup()  # the engine starts its own server, from a copy of the model with its head untied
         assert trainer.engine.weight_format == "state_dict"
+        assert trainer.engine.client.served_dtype() == "float32"  # rollout.dtype=float32 alone sets it
         served = Path(trainer.engine._weights_dir)
         assert json.loads((served / "config.json").read_text())["tie_word_embeddings"] is False
         before = copy.deepcopy(trainer.policy).eval()
@@ -442,3 +388,59 @@ def test_a_server_given_by_url_in_another_dtype_is_one_line(server, smollm2):
     message = str(err.value)
     assert "\n" not in message
     assert "generates in float32, but rollout.dtype is bfloat16" in message and "--dtype float32" in message
+
+
+def test_dtype_float32_makes_eval_with_engine_vllm_generate_in_float32_and_score_like_hf(
+    server, smollm2, world, tmp_path, capsys, monkeypatch
+):
+    """``--dtype float32`` alone: the engine asks for float32 and the server runs in it (its configuration
+    says so; one in another dtype is refused, see above), its log-probs are a float32 forward pass's, the
+    results record it, and the answers are the HF engine's."""
+    import searchr1.evaluation.cli as eval_cli
+    from searchr1.cli import main
+    from searchr1.models import load_model
+
+    engines, trajs = [], []
+    real = eval_cli.build_engine
+
+    def spied(*args, **kwargs):
+        engine = real(*args, **kwargs)
+        engines.append((engine, getattr(engine, "client", None) and engine.client.served_dtype()))
+        generate = engine.generate
+
+        def recorded(*a, **k):
+            out = generate(*a, **k)
+            trajs.extend(out)
+            return out
+
+        engine.generate = recorded
+        return engine
+
+    monkeypatch.setattr(eval_cli, "build_engine", spied)
+
+    def run(engine: str, *extra: str) -> dict:
+        out = tmp_path / engine
+        argv = ["eval", "--model", "smollm2-135m-instruct", "--template", "instruct_1shot",
+                "--data", world["test"], "--corpus", world["corpus"], "--topk", "1", "--limit", "12",
+                "--max-turns", "2", "--max-turn-tokens", "48", "--engine", engine, "--dtype", "float32",
+                *extra, "--out", out]  # fmt: skip
+        assert main([str(a) for a in argv]) == 0
+        return json.loads((out / "results.json").read_text())["summaries"]["agent"]
+
+    ours = run("vllm", "--set", f"rollout.vllm.url={server.url}")
+    vllm_engine, served = engines[0]
+    assert (vllm_engine.dtype, served) == ("float32", "float32")
+    assert ours["settings"]["dtype"] == "float32" and ours["settings"]["engine"] == "vllm"
+    model = load_model(smollm2, dtype="float32").eval()
+    gaps = [_gap([lp for lp, r in zip(t.logprobs, t.roles, strict=True) if r == Role.GENERATED],
+                 _policy_logprobs(model, t, 1.0)) for t in trajs]  # fmt: skip
+    assert max(gaps) < LOGPROB_TOL
+    theirs = run("hf")
+    capsys.readouterr()
+    assert ours["overall"]["n"] == theirs["overall"]["n"] == 12
+    assert ours["overall"]["em"] == theirs["overall"]["em"]
+    assert ours["overall"]["searches"] == theirs["overall"]["searches"]
+    answers = [[json.loads(x)["answer"] for x in (tmp_path / e / "agent" / "trajectories.jsonl").read_text().splitlines()]
+               for e in ("vllm", "hf")]  # fmt: skip
+    assert answers[0] == answers[1]
+    print(f"eval --engine vllm --dtype float32: log-probs within {max(gaps):.1e} of a float32 forward pass")

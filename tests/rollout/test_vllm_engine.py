@@ -292,7 +292,7 @@ def test_a_server_dying_mid_step_fails_the_step_and_resume_continues(smollm2, tm
     from searchr1.trainer.loop import RLTrainer
 
     out = tmp_path / "run"
-    overrides = _train_overrides(out, "trainer.save_every=1", "trainer.resume=auto")
+    overrides = _train_overrides(out, "trainer.save_every=1", "trainer.resume=auto", *FP32)  # the shared server's
     trainer = RLTrainer(load_config(None, overrides))
     trainer.setup()
     engine = trainer.engine

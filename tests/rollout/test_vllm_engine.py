@@ -265,10 +265,11 @@ def test_a_killed_trainer_takes_its_server_along_and_the_next_command_frees_its_
     finally:
         trainer.kill()  # SIGKILL: nothing of the trainer runs after it
         trainer.wait()
-    deadline = time.monotonic() + 90
-    while _group_alive(server) and time.monotonic() < deadline:
-        time.sleep(1)
+    killed = time.monotonic()
+    while _group_alive(server) and time.monotonic() < killed + 90:
+        time.sleep(0.2)
     assert not _group_alive(server), "the vLLM server outlived its trainer"
+    gone_s = time.monotonic() - killed
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
     assert folders[0].is_dir()  # SIGKILL left it: nothing ran to remove it
@@ -279,7 +280,7 @@ def test_a_killed_trainer_takes_its_server_along_and_the_next_command_frees_its_
     freed = [line for line in done.stderr.splitlines() if line.startswith("freed ")]
     assert len(freed) == 1 and "in /dev/shm" in freed[0] and "vLLM weights folder" in freed[0], done.stderr
     assert not folders[0].exists()
-    print(freed[0])
+    print(f"the server's process group was gone {gone_s:.1f} s after the SIGKILL; then: {freed[0]}")
 
 
 # -- the tests that share one server (the last ones: no other server runs beside it) ---------------
@@ -334,7 +335,7 @@ def _resumed_after_a_search(traj) -> bool:
 
 
 def test_greedy_trajectories_with_searches_equal_the_hf_engines_in_float32(server, smollm2, world):
-    """A fixed set of questions (the world's first 16, two-search examples in the prompt, three search turns):
+    """A fixed set of questions (the world's first 10, two-search examples in the prompt, three search turns):
     the vLLM and HF engines, both in float32 by rollout.dtype alone, give the same trajectories."""
     from searchr1.data.formats import load_samples, sample_prompt
     from searchr1.models import load_model, load_tokenizer
@@ -348,7 +349,7 @@ def test_greedy_trajectories_with_searches_equal_the_hf_engines_in_float32(serve
     ])  # fmt: skip
     tokenizer, model = load_tokenizer(smollm2), load_model(smollm2, dtype="float32")
     retriever = build_retriever(cfg.retrieval)
-    samples = list(load_samples(world["test"], split="test", limit=16))
+    samples = list(load_samples(world["test"], split="test", limit=10))
     prompts = [tokenizer(sample_prompt(s, "instruct_2hop", tokenizer), add_special_tokens=False)["input_ids"]
                for s in samples]  # fmt: skip
     greedy = SamplingParams(greedy=True)

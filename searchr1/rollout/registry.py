@@ -7,10 +7,11 @@
         return MyVLLMEngine(model, tokenizer, retriever, cfg.rollout, **kwargs)
 
 Then ``rollout.engine=vllm`` selects it; the trainer and the evaluation build every engine through
-``build_engine`` and never name a class. ``rollout.dtype`` is the generation dtype of every engine; an
-engine that can serve only some dtypes says which (``register_engine("x", dtypes=fn)``, ``fn(device_type)
--> names``), and ``check_dtype`` refuses another one in one line before any model loads. The entry is a factory, like ``RETRIEVERS``' (a class whose
-constructor takes ``(cfg, model, tokenizer, retriever, **kwargs)`` is one too). Built-ins:
+``build_engine`` and never name a class. The entry is a factory, like ``RETRIEVERS``' (a class whose
+constructor takes ``(cfg, model, tokenizer, retriever, **kwargs)`` is one too). ``rollout.dtype`` is the
+generation dtype of every engine; one that can serve only some dtypes says which
+(``register_engine("x", dtypes=fn)``, ``fn("cpu" | "cuda") -> names``), and ``check_dtype`` refuses
+another in one line before any model loads. Built-ins:
 
     hf           HFRolloutEngine: one KV cache across turns, searches run while other rows decode
     turn_sync    TurnSyncRolloutEngine: Search-R1's loop, re-encodes every turn (the reference)

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 from searchr1.errors import UserFacingError
 from searchr1.memory import keep_freed_memory
+from searchr1.rollout.scratch import sweep_orphans
 
 # Modules exposing ``register(subparsers)``; heavy imports happen inside their handlers so that
 # ``searchr1 --help`` stays fast.
@@ -99,6 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0 if args.command is None else 2
+    sweep_orphans()  # the vLLM weights folders (in RAM) of runs that were killed: one line if any is freed
     try:
         result = args.func(args)
     except KeyboardInterrupt:

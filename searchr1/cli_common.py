@@ -6,6 +6,7 @@ the registered names (plugins included).
     add_config_flags(parser, ...)    --config FILE, --set KEY=VALUE, --plugin MODULE
     add_search_flags(parser)         --index, --corpus, --search-url, --backend, --encoder, --topk
     add_model_flags(parser)          --model, --template, --engine, --dtype, --device, --max-turns, --max-turn-tokens
+    choose_dtype(args, cfg)          the generation dtype (--dtype / rollout.dtype), checked against the engine
     command_config(args, ...)        the config of a command: file, flags, --set, plugins imported first
     help_lists_names(parser, keys)   -h / --help also prints what each key may name
 
@@ -27,6 +28,7 @@ from searchr1.errors import ModelNotFoundError, UserFacingError
 from searchr1.plugins import PluginError, import_plugins, names_overview
 from searchr1.retrieval.corpus import CorpusError
 from searchr1.retrieval.factory import build_retriever
+from searchr1.rollout.registry import generation_dtype
 
 
 def add_plugin_flag(parser: argparse.ArgumentParser) -> None:
@@ -168,7 +170,14 @@ def add_model_flags(parser: argparse.ArgumentParser, model_required: bool = True
         help="rollout engine of the search loop (default: rollout.engine = hf): hf | turn_sync | vllm (a vLLM "
         "server, see rollout.vllm; install with scripts/setup-vllm.sh) | a plugin's",
     )
-    parser.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 (default float32)")
+    parser.add_argument(
+        "--dtype",
+        default=None,
+        choices=("auto", "float32", "bfloat16", "float16"),
+        help="generation dtype of whichever engine runs (rollout.dtype; the model is loaded in it): auto "
+        "(default: bfloat16 where the CPU or GPU has bfloat16 units, else float32) | float32 | bfloat16 | "
+        "float16; the results record the one that generated",
+    )
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
 
 
@@ -180,6 +189,7 @@ def model_overrides(args: argparse.Namespace) -> list[str]:
         ("max_turn_tokens", "rollout.max_turn_tokens"),
         ("template", "data.template"),
         ("engine", "rollout.engine"),
+        ("dtype", "rollout.dtype"),
     ):
         if getattr(args, flag) is not None:
             out.append(f"{key}={getattr(args, flag)}")
@@ -258,16 +268,34 @@ def _resolve_auto(cfg: Any, model: str) -> None:
         raise UserFacingError(f"--model {model}: its tokenizer cannot be loaded ({exc})") from None
 
 
-def load_policy(args: argparse.Namespace) -> tuple[Any, Any]:
-    """(model in eval mode on ``--device``, tokenizer) of ``--model``."""
+def _device(args: argparse.Namespace) -> str:
     import torch
 
+    return args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def choose_dtype(args: argparse.Namespace, cfg: Any) -> str:
+    """Before any model loads: the dtype the engine will generate in (``--dtype``, else the config's
+    ``rollout.dtype``; auto resolved for ``--device``), set as ``cfg.rollout.dtype`` so that every engine
+    generates in it; one line naming the engine and the dtypes it takes when it cannot."""
+    import torch
+
+    flag = "--dtype" if args.dtype else "rollout.dtype"
+    try:
+        cfg.rollout.dtype = generation_dtype(cfg, torch.device(_device(args)).type, flag)
+    except (ValueError, RuntimeError) as exc:
+        raise UserFacingError(str(exc)) from None
+    return cfg.rollout.dtype
+
+
+def load_policy(args: argparse.Namespace, dtype: str) -> tuple[Any, Any]:
+    """(model in ``dtype``, in eval mode on ``--device``, tokenizer) of ``--model``."""
     from searchr1.models import load_model, load_tokenizer
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = _device(args)
     try:
         tokenizer = load_tokenizer(args.model)
-        model = load_model(args.model, dtype=args.dtype, device=device)
+        model = load_model(args.model, dtype=dtype, device=device)
     except (OSError, ValueError) as exc:
         raise UserFacingError(f"--model {args.model}: cannot be loaded ({exc})") from None
     model.eval()

@@ -144,6 +144,20 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
 
 
+RETIRED_KEYS: dict[str, tuple[Any, str]] = {
+    "rollout.vllm.dtype": ("auto", "rollout.dtype sets the generation dtype of every engine, vLLM's included"),
+}
+"""Keys that are gone: dotted key -> (the value that is ignored, as every saved config.yaml of an older
+version holds it; what replaced the key). Any other value is an error naming the replacement."""
+
+
+def _retired(key: str, value: Any) -> None:
+    """Ignore a retired key holding its old default; any other value is one line naming what replaced it."""
+    default, replacement = RETIRED_KEYS[key]
+    if value != default:
+        raise ConfigError(f"{key} is no longer a config key: {replacement} (got {key}={value})")
+
+
 def _unknown_key(cls: type, name: str, prefix: str) -> ConfigError:
     known = [f.name for f in dataclasses.fields(cls)]
     close = difflib.get_close_matches(name, known, n=1)
@@ -162,6 +176,9 @@ def from_dict(cls: type[T], data: Mapping[str, Any], prefix: str = "") -> T:
     kwargs = {}
     for name, value in data.items():
         if name not in names:
+            if _join(prefix, str(name)) in RETIRED_KEYS:
+                _retired(_join(prefix, str(name)), value)
+                continue
             raise _unknown_key(cls, str(name), prefix)
         kwargs[name] = _coerce(value, hints[name], _join(prefix, name))
     return cls(**kwargs)
@@ -193,6 +210,9 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str], cls: type = 
         if "=" not in item:
             raise ConfigError(f"override '{item}' is not of the form key=value")
         key, raw = item.split("=", 1)
+        if key.strip() in RETIRED_KEYS:
+            _retired(key.strip(), _parse_scalar(raw))
+            continue
         parts = key.strip().split(".")
         node, section = data, cls
         for depth, part in enumerate(parts):

@@ -25,7 +25,7 @@ from searchr1.data.prompts import INFO_OPEN, resolve_template
 from searchr1.evaluation.modes import mode_prompt
 from searchr1.retrieval.base import Retriever
 from searchr1.rollout.records import trajectory_record
-from searchr1.rollout.registry import build_engine
+from searchr1.rollout.registry import build_engine, generation_dtype
 from searchr1.rollout.types import Trajectory
 
 if TYPE_CHECKING:
@@ -177,7 +177,9 @@ class Agent:
     ``search_backend``: a ``Retriever``, an index folder, a corpus jsonl (BM25 in memory) or a
     retrieval-server URL. ``config``: a ``SearchR1Config`` whose ``rollout``, ``retrieval.topk`` and
     ``data.template`` apply (default: the defaults); ``template``, ``topk``, ``max_turns``,
-    ``max_turn_tokens`` and ``engine`` override it. ``engine_kwargs`` go to the rollout engine's factory.
+    ``max_turn_tokens``, ``engine`` and ``dtype`` (the generation dtype, ``rollout.dtype``: auto, float32,
+    bfloat16, float16; a model given by name is loaded in it) override it. ``engine_kwargs`` go to the
+    rollout engine's factory.
     """
 
     def __init__(
@@ -190,7 +192,7 @@ class Agent:
         topk: int | None = None,
         max_turns: int | None = None,
         max_turn_tokens: int | None = None,
-        dtype: str = "float32",
+        dtype: str | None = None,
         device: str | None = None,
         engine: str | None = None,
         config: SearchR1Config | None = None,
@@ -198,19 +200,10 @@ class Agent:
     ):
         from searchr1.models import load_model, load_tokenizer
 
-        if isinstance(model, str | Path):
-            if device is None:
-                import torch
-
-                device = "cuda" if torch.cuda.is_available() else "cpu"
-            tokenizer = tokenizer or load_tokenizer(model)
-            model = load_model(model, dtype=dtype, device=device)
-        elif tokenizer is None:
-            raise ValueError("Agent: pass tokenizer= together with a loaded model")
-        model.eval()
         cfg = copy.deepcopy(config) if config is not None else SearchR1Config()
         for section, key, value in (
             (cfg.rollout, "engine", engine),
+            (cfg.rollout, "dtype", dtype),
             (cfg.rollout, "max_turns", max_turns),
             (cfg.rollout, "max_turn_tokens", max_turn_tokens),
             (cfg.retrieval, "topk", topk),
@@ -218,6 +211,16 @@ class Agent:
         ):
             if value is not None:
                 setattr(section, key, value)
+        if isinstance(model, str | Path):
+            import torch
+
+            device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+            cfg.rollout.dtype = generation_dtype(cfg, torch.device(device).type)  # loaded in it: no copy
+            tokenizer = tokenizer or load_tokenizer(model)
+            model = load_model(model, dtype=cfg.rollout.dtype, device=device)
+        elif tokenizer is None:
+            raise ValueError("Agent: pass tokenizer= together with a loaded model")
+        model.eval()
         self.config = cfg
         cfg.data.template = resolve_template(cfg.data.template, tokenizer)
         self.model, self.tokenizer, self.template = model, tokenizer, cfg.data.template

@@ -14,6 +14,7 @@ from searchr1.cli_common import (
     add_model_flags,
     add_search_flags,
     check_model,
+    choose_dtype,
     choose_template,
     command_config,
     has_search_flags,
@@ -111,10 +112,11 @@ def _ask(args: argparse.Namespace) -> int:
     cfg = command_config(args, [*search_overrides(args), *model_overrides(args)])
     if not (has_search_flags(args) or cfg.retrieval.index or cfg.retrieval.url or cfg.retrieval.corpus):
         raise UserFacingError("ask needs a search backend: --index DIR, --search-url URL or --corpus FILE")
+    dtype = choose_dtype(args, cfg)  # before anything loads: the engine must be able to generate in it
     template_line = choose_template(cfg, args.model, template_given(args))
     retriever = open_retriever(cfg.retrieval)
-    model, tokenizer = load_policy(args)
-    print(template_line, file=sys.stderr)
+    model, tokenizer = load_policy(args, dtype)
+    print(f"{template_line}   engine: {cfg.rollout.engine}   dtype: {dtype}", file=sys.stderr)
     agent = Agent(model, retriever, tokenizer=tokenizer, config=cfg)
     printer = _Printer(sys.stdout)
     try:

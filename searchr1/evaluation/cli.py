@@ -19,6 +19,7 @@ from searchr1.cli_common import (
     add_search_flags,
     check_model,
     check_readable_file,
+    choose_dtype,
     choose_template,
     command_config,
     has_search_flags,
@@ -40,6 +41,7 @@ from searchr1.evaluation.tables import (
     compare_tables,
     format_paper_table,
     format_summary_table,
+    generated_by,
     paper_table,
 )
 from searchr1.rollout.registry import build_engine
@@ -162,11 +164,13 @@ def _eval(args: argparse.Namespace) -> int:
         raise UserFacingError(
             f"--mode {','.join(searching)} needs a search backend: --index DIR, --search-url URL or --corpus FILE"
         )
+    dtype = choose_dtype(args, cfg)  # before anything loads: the engine must be able to generate in it
     samples = [s for p in data_paths for s in load_samples(p, args.limit)]
     template_line = choose_template(cfg, args.model, template_given(args))
     out = Path(args.out) if args.out else _default_out(args.model)
     settings = {"model": args.model, "data": [str(p) for p in data_paths], "limit": args.limit,
-                "max_turns": cfg.rollout.max_turns, "max_turn_tokens": cfg.rollout.max_turn_tokens}  # fmt: skip
+                "max_turns": cfg.rollout.max_turns, "max_turn_tokens": cfg.rollout.max_turn_tokens,
+                "engine": cfg.rollout.engine, "dtype": dtype}  # fmt: skip
 
     def reply_tokens(mode: Mode) -> int | None:
         if mode.search == "agent":
@@ -187,7 +191,7 @@ def _eval(args: argparse.Namespace) -> int:
     print(template_line, file=sys.stderr)
     monitor = Monitor()
     retriever = monitor.wrap(open_retriever(cfg.retrieval)) if searching else None
-    model, tokenizer = load_policy(args)
+    model, tokenizer = load_policy(args, dtype)
 
     def engine_for(mode: Mode) -> Any:
         if mode.search == "agent":  # rollout.engine: the multi-turn engine the model was trained with
@@ -218,7 +222,7 @@ def _eval(args: argparse.Namespace) -> int:
     finally:
         if retriever is not None:
             retriever.close()
-    _print_results(args, results, [m.name for m in modes], out, cfg.data.template)
+    _print_results(args, results, [m.name for m in modes], out, cfg.data.template, settings)
     failed = sum(int(results["summaries"][m.name]["overall"]["search_failures"]) for m in modes)
     if failed and not args.tolerate_search_failures:
         print(
@@ -245,12 +249,17 @@ def _check_flags(args: argparse.Namespace) -> list[Path]:
 
 
 def _print_results(
-    args: argparse.Namespace, results: dict[str, Any], modes: list[str], out: Path, template: str
+    args: argparse.Namespace,
+    results: dict[str, Any],
+    modes: list[str],
+    out: Path,
+    template: str,
+    settings: dict[str, Any],
 ) -> None:
     if args.json:
         print(json.dumps(results, indent=2))
         return
-    print(f"model: {args.model}   template: {template}   normalization: {args.normalization}\n")
+    print(f"{generated_by(settings)}   template: {template}   normalization: {args.normalization}\n")
     print(format_paper_table(paper_table(results["summaries"], args.metric)))
     for mode in modes:
         print(f"\n{MODES[mode].label} ({mode}) per data source:")

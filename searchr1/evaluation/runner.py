@@ -24,7 +24,8 @@ from searchr1.evaluation import store
 from searchr1.evaluation.aggregate import aggregate
 from searchr1.evaluation.errors import EvaluationError
 from searchr1.evaluation.modes import MODES, Mode, get_mode, mode_prompt, parse_modes, sample_view
-from searchr1.evaluation.tables import TABLE_METRICS, format_paper_table, paper_table
+from searchr1.evaluation.tables import TABLE_METRICS, format_paper_table, generated_by, paper_table
+from searchr1.rollout.config import RolloutConfig
 from searchr1.rollout.records import jsonable_hit, trajectory_record
 from searchr1.rollout.search import SearchRunner
 
@@ -45,13 +46,16 @@ class BatchProgress:
 
 def _single_turn_engine(engine: Any, tokenizer: Any, max_new_tokens: int) -> tuple[Any, bool]:
     """The engine of a baseline: ``engine`` if it is single-turn, else a ``SingleTurnEngine`` on its
-    model (built here, so closed here: the second value)."""
+    model, with its rollout settings (the generation dtype among them), built here, so closed here: the
+    second value."""
     from searchr1.rollout.single_turn import SingleTurnEngine  # torch: only when generating
 
     if isinstance(engine, SingleTurnEngine):
         return engine, False
     model = getattr(engine, "model", engine)
-    return SingleTurnEngine(model, tokenizer, max_new_tokens=max_new_tokens), True
+    config = getattr(engine, "config", None)
+    config = config if isinstance(config, RolloutConfig) else None
+    return SingleTurnEngine(model, tokenizer, max_new_tokens=max_new_tokens, config=config), True
 
 
 def _greedy() -> Any:
@@ -323,7 +327,9 @@ def write_results(
         "tables": {metric: _table_json(paper_table(merged, metric)) for metric in TABLE_METRICS},
     }
     store.write_json_atomic(out / store.RESULTS_FILE, results)
-    (out / store.TABLE_FILE).write_text(format_paper_table(paper_table(merged, "em"), markdown=True))
+    head = generated_by(settings)
+    table = format_paper_table(paper_table(merged, "em"), markdown=True)
+    (out / store.TABLE_FILE).write_text(f"{head}\n\n{table}" if head else table)
     return results
 
 

@@ -53,6 +53,15 @@ class PaperTable:
     """Failed searches per row."""
 
 
+GENERATED_BY = ("model", "engine", "dtype")
+"""The settings of a run that say what generated its answers (the table's first line)."""
+
+
+def generated_by(settings: dict[str, Any]) -> str:
+    """``model: M   engine: hf   dtype: bfloat16``: what generated a run (the settings it has of these)."""
+    return "   ".join(f"{k}: {settings[k]}" for k in GENERATED_BY if settings.get(k) not in (None, ""))
+
+
 def _format(value: float, digits: int = 3) -> str:
     return "-" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
 

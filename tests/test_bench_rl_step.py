@@ -70,3 +70,13 @@ def test_a_benchmark_without_a_ratio_writes_strict_json(tmp_path, capsys):
     data = json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
     assert data["headline"] is None and data["fits"] == [None, 2.0]
     assert data["measurements"] == [{"row": "fast", "step_s": 1.5, "ratio": None}]
+
+
+def test_the_matmul_peak_is_the_median_of_its_probes_with_their_spread():
+    """One probe read 362, 421 and 937 GFLOP/s on the same kind of machine: the share of the peak is taken
+    against the median of every probe, and the JSON keeps the probes, the min and the max."""
+    probes = [{"bf16": 400.0, "fp32": 190.0}, {"bf16": 937.0, "fp32": 180.0}, {"bf16": 421.0, "fp32": 200.0}]
+    summary = rl_step.peak_summary(probes)
+    assert summary["bf16"] == 421.0 and summary["fp32"] == 190.0
+    assert (summary["bf16_min"], summary["bf16_max"]) == (400.0, 937.0)
+    assert summary["probes"] == probes

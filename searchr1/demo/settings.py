@@ -18,10 +18,15 @@ NQ_QUESTIONS, NQ_CORPUS = "nq_test_sample.jsonl", "wiki18_sample_corpus.jsonl"
 SUMMARY_FILE = "summary.json"
 DEFAULT_TEMPLATE = "instruct_2hop"
 """The demo's prompt: Search-R1's instruction and two two-search worked examples."""
-OUTCOME_ONLY_OVERRIDES: tuple[str, ...] = ("reward.step_gain=0.0", "reward.step_redundancy=0.0", "replay.enabled=false")
-"""What turns the demo's recipe into the outcome-only ablation: the plain Search-R1 reward, without
-the step rewards (credit for each search) and without the replay of successful trajectories; dotted
-config overrides applied after every other one."""
+OUTCOME_ONLY_OVERRIDES: tuple[str, ...] = (
+    "reward.components={search_r1: 1.0}",
+    "reward.step_gain=0.0",
+    "reward.step_redundancy=0.0",
+    "replay.enabled=false",
+)
+"""What turns the demo's recipe into the outcome-only ablation: the plain Search-R1 reward, without the
+gold-coverage term, without the step rewards (credit for each search) and without the replay of successful
+trajectories; dotted config overrides applied after every other one."""
 RUN_NAMES = ("search", "no_search", "outcome_only", "zero_shot")
 """The runs of a seed (``--only``): the recipe; its search-disabled control; the outcome-only
 ablation; the zero-shot prompt (first seed)."""

@@ -101,7 +101,7 @@ def test_the_collapse_guard_reaches_summary_json_and_the_console(
     run = json.loads((out / "summary.json").read_text())["seeds"]["3"]["runs"]["search"]
     assert list(json.loads((out / "summary.json").read_text())["seeds"]["3"]["runs"]) == ["search"]
     assert [(a["step"], a["pattern"]) for a in run["health"]] == [(step, "searching_stopped")]
-    metrics = records(out / "seed_3" / "search" / "metrics.jsonl")
+    metrics = [m for m in records(out / "seed_3" / "search" / "metrics.jsonl") if m["step"] > 0]  # 0: validation
     assert [m["health/searching_stopped"] for m in metrics] == [0.0] * (step - 1) + [1.0]
     assert f"collapse guard, seed 3 (search): {run['health'][0]['message']}" in printed
 

@@ -473,15 +473,20 @@ def run(args: argparse.Namespace) -> BenchResult:
     probes = [matmul_peaks()]
     load_before = os.getloadavg()
     results: dict[str, dict[str, Any]] = {}
+    failed: dict[str, str] = {}
     for name in names:
-        if len(results):
+        if results or failed:
             probes.append(matmul_peaks())
         spec = {"row": name, "questions": questions, "seed": seed, "samples": samples, "threads": threads}
         if name == "trl":
             fast = results.get("fast") or next(iter(results.values()), None)
             spec["completion_tokens"] = round(fast["response_tokens"] / fast["trajectories"]) if fast else 160
         print(f"rl-step: {name} ...", file=sys.stderr, flush=True)
-        results[name] = _run_child(spec)
+        try:
+            results[name] = _run_child(spec)
+        except RuntimeError as exc:  # one failed row must not lose the rows measured before it
+            failed[name] = str(exc)[-1500:]
+            print(f"rl-step: row {name} failed; the other rows go on:\n{exc}", file=sys.stderr, flush=True)
     probes.append(matmul_peaks())
     peaks = peak_summary(probes)
     base = results.get("baseline")
@@ -502,6 +507,8 @@ def run(args: argparse.Namespace) -> BenchResult:
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),
     }
+    if failed:
+        extra["failed_rows"] = failed
     if fast and "trl" in results:
         extra["fast_over_trl"] = fast["step_tok_per_s"] / results["trl"]["step_tok_per_s"]
     if fast and "fast+competitor" in results:

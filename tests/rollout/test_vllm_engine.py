@@ -378,6 +378,26 @@ def test_greedy_trajectories_with_searches_equal_the_hf_engines_in_float32(serve
           f"<= {max(gaps):.1e}")  # fmt: skip
 
 
+def test_a_sampled_batch_whose_prefills_are_split_completes_on_vllm_cpu(server, smollm2):
+    """64 sampled rows of ~260-token prompts (the rl-step bench's step): more prompt tokens than one scheduler
+    step takes, so prefills are split; vllm-cpu 0.32 killed its engine on a split seeded request ("CPU
+    Generator does not use offset"), so on a CPU the engine sends no per-request seed."""
+    from searchr1.models import load_model, load_tokenizer
+    from searchr1.rollout.registry import build_engine
+
+    cfg = load_config(None, [f"rollout.vllm.url={server.url}", *FP32, "rollout.max_turns=1",
+                             "rollout.max_turn_tokens=8", "rollout.max_response_tokens=16"])  # fmt: skip
+    tokenizer, model = load_tokenizer(smollm2), load_model(smollm2, dtype="float32")
+    text = "The quick brown fox jumps over the lazy dog while the river runs to the sea. " * 16
+    base = tokenizer(text, add_special_tokens=False)["input_ids"][:250]
+    prompts = [[*base, *tokenizer(f" Question {i}:", add_special_tokens=False)["input_ids"]] for i in range(64)]
+    assert sum(len(p) for p in prompts) > 4 * 2048  # vLLM's default token budget of a scheduler step
+    with build_engine(cfg, model, tokenizer, None, name="vllm") as engine:
+        assert not engine.per_request_seeds  # this test runs on a CPU
+        trajs = engine.generate(prompts, sampling=SamplingParams(temperature=0.7), seed=3)
+    assert len(trajs) == 64 and all(t.num_generated > 0 for t in trajs)
+
+
 def test_a_server_given_by_url_in_another_dtype_is_one_line(server, smollm2):
     from searchr1.models import load_model, load_tokenizer
     from searchr1.rollout.registry import build_engine

@@ -48,9 +48,16 @@ def _lora_parts(module: nn.Module) -> tuple[nn.Linear, list[tuple[nn.Parameter, 
     return base, adapters
 
 
+def is_sharded(model: nn.Module) -> bool:
+    """Whether FSDP2 sharded ``model`` (its parameters are DTensors)."""
+    return any(type(p).__name__ == "DTensor" for p in model.parameters())
+
+
 def unsupported_reason(model: nn.Module) -> str | None:
     """Why ``model`` cannot run through the fused decoder (None: it can)."""
     lm = _causal_lm(model)
+    if is_sharded(lm):
+        return "sharded (FSDP) parameters"
     config = getattr(lm, "config", None)
     model_type = getattr(config, "model_type", None)
     if model_type not in FUSED_MODEL_TYPES:
@@ -246,6 +253,9 @@ _MERGED: weakref.WeakKeyDictionary[nn.Module, MergedWeights] = weakref.WeakKeyDi
 
 def merged_weights_for(model: nn.Module) -> MergedWeights | None:
     """The one ``MergedWeights`` of ``model``, or None when the model is not a supported Llama-family LM."""
+    if is_sharded(model):  # sharded after its weights were merged (torchrun, FSDP2): they are stale
+        _MERGED.pop(model, None)
+        return None
     weights = _MERGED.get(model)
     if weights is None:
         if unsupported_reason(model) is not None:

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from searchr1 import threads
-from searchr1.modeling import MergedWeights, merged_weights_for
+from searchr1.modeling import MergedWeights, is_sharded, merged_weights_for
 from searchr1.models import copy_weights, generation_copy, is_peft_model
 from searchr1.precision import compute_dtype
 from searchr1.retrieval.base import Retriever
@@ -197,6 +197,9 @@ class _HFEngineBase(RolloutEngine):
         on_tokens: TokenListener | None = None,
     ) -> list[Trajectory]:
         """Run ``_generate`` in eval mode without gradients, restoring the model's mode after."""
+        if self.merged is not None and is_sharded(self.policy):
+            self.merged = None  # FSDP sharded the policy after this engine was built: the HF modules decode it
+            self.model = self.policy
         was_training = self.model.training
         self.model.eval()
         self._on_tokens = on_tokens

@@ -195,3 +195,37 @@ def test_bfloat16_next_token_distributions_match_the_hf_modules_path(tiny):
             worst = max(worst, float(0.5 * (a - b).abs().sum(-1).max()))
         feeds = {s: [int(t)] for s, t in enumerate(torch.multinomial(want, 1, generator=g).flatten())}
     assert worst < 0.005
+
+
+def test_a_policy_sharded_after_the_engine_was_built_decodes_through_the_hf_modules(tiny, monkeypatch):
+    """torchrun with trainer.strategy=fsdp builds the engine and then shards the policy (FSDP2): the engine
+    must notice the sharded (DTensor) weights and decode through the Hugging Face modules, with the same
+    greedy tokens as before the sharding (one process, gloo)."""
+    import copy
+    import os
+
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    model, tok = tiny
+    model = copy.deepcopy(model)  # sharded in place: not the fixture's
+    metas = scripted_metas(4, seed=3)
+    greedy = SamplingParams(greedy=True)
+    monkeypatch.setitem(os.environ, "MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setitem(os.environ, "MASTER_PORT", str(29500 + os.getpid() % 1000))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        config = RolloutConfig(dtype="model", max_turn_tokens=40)
+        with HFRolloutEngine(model, tok, ScriptedRetriever(), config, topk=2, steer=ScriptedTurns(tok)) as eng:
+            assert eng.merged is not None
+            before = eng.generate(prompts_of(tok, 4), metas, sampling=greedy)
+            for layer in model.model.layers:
+                fully_shard(layer)
+            fully_shard(model)
+            after = eng.generate(prompts_of(tok, 4), metas, sampling=greedy)
+            assert eng.merged is None
+        assert merged_weights_for(model) is None
+    finally:
+        dist.destroy_process_group()
+    assert [t.response_ids for t in after] == [t.response_ids for t in before]
+    assert sum(t.num_generated for t in after) > 0

@@ -88,9 +88,7 @@ class _HFEngineBase(RolloutEngine):
     def _merged_weights(self, model: Any) -> MergedWeights | None:
         if not (self.slot_decoder and self.config.fast_decode):
             return None
-        if any(type(p).__name__ == "DTensor" for p in model.parameters()):
-            return None
-        return merged_weights_for(model)
+        return merged_weights_for(model)  # None for a sharded model
 
     @property
     def generation_dtype(self) -> torch.dtype:
@@ -105,7 +103,7 @@ class _HFEngineBase(RolloutEngine):
         LoRA adapter merged in, when the dtype differs or LoRA is on (sharded models are shared)."""
 
         params = list(model.parameters())
-        if any(type(p).__name__ == "DTensor" for p in params):
+        if is_sharded(model):
             return model
         own = params[0].dtype
         dtype = compute_dtype(self.config.dtype, params[0].device, own, "rollout.dtype")

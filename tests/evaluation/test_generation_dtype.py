@@ -10,35 +10,13 @@ import json
 
 import pytest
 import torch
+from engine_spy import spy_eval_engines
 
 from searchr1.cli import main
 from searchr1.precision import fast_bf16
 from searchr1.rollout.types import Role
 
 TINY = ["--max-turns", "2", "--max-turn-tokens", "8", "--batch-size", "3"]
-
-
-def _spy_trajectories(monkeypatch) -> list:
-    """Every trajectory the engines of ``eval`` generate (its ``build_engine`` wrapped)."""
-    import searchr1.evaluation.cli as eval_cli
-
-    seen: list = []
-    real = eval_cli.build_engine
-
-    def spied(*args, **kwargs):
-        engine = real(*args, **kwargs)
-        generate = engine.generate
-
-        def recorded(*a, **k):
-            trajs = generate(*a, **k)
-            seen.extend(trajs)
-            return trajs
-
-        engine.generate = recorded
-        return engine
-
-    monkeypatch.setattr(eval_cli, "build_engine", spied)
-    return seen
 
 
 def _gap_to_float32(model_dir, trajs) -> float:
@@ -67,7 +45,7 @@ def _eval(tiny_model_dir, world_files, out, *extra):
 def test_dtype_float32_generates_in_float32_and_is_recorded(
     tiny_model_dir, world_files, tmp_path, monkeypatch, capsys
 ):
-    seen = _spy_trajectories(monkeypatch)
+    _, seen = spy_eval_engines(monkeypatch)
     out = tmp_path / "fp32"
     assert main([str(a) for a in _eval(tiny_model_dir, world_files, out, "--dtype", "float32")]) == 0
     stdout = capsys.readouterr().out

@@ -417,27 +417,14 @@ def test_dtype_float32_makes_eval_with_engine_vllm_generate_in_float32_and_score
     """``--dtype float32`` alone: the engine asks for float32 and the server runs in it (its configuration
     says so; one in another dtype is refused, see above), its log-probs are a float32 forward pass's, the
     results record it, and the answers are the HF engine's."""
-    import searchr1.evaluation.cli as eval_cli
+    from engine_spy import spy_eval_engines
+
     from searchr1.cli import main
     from searchr1.models import load_model
 
-    engines, trajs = [], []
-    real = eval_cli.build_engine
-
-    def spied(*args, **kwargs):
-        engine = real(*args, **kwargs)
-        engines.append((engine, getattr(engine, "client", None) and engine.client.served_dtype()))
-        generate = engine.generate
-
-        def recorded(*a, **k):
-            out = generate(*a, **k)
-            trajs.extend(out)
-            return out
-
-        engine.generate = recorded
-        return engine
-
-    monkeypatch.setattr(eval_cli, "build_engine", spied)
+    engines, trajs = spy_eval_engines(
+        monkeypatch, note=lambda engine: getattr(engine, "client", None) and engine.client.served_dtype()
+    )
 
     def run(engine: str, *extra: str) -> dict:
         out = tmp_path / engine

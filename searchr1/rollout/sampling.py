@@ -112,7 +112,7 @@ def sample_tokens(
     if params.greedy:
         return logits.argmax(dim=-1)
     probs = torch.softmax(filter_logits(logits, params), dim=-1)
-    uniform = torch.cat([torch.rand(1, generator=g) for g in generators]).to(probs.device)
+    uniform = torch.cat([torch.rand(1, generator=g, device=g.device) for g in generators]).to(probs.device)
     cdf = probs.cumsum(dim=-1)
     target = (uniform * cdf[:, -1]).unsqueeze(-1)
     return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)

@@ -130,6 +130,7 @@ class DecodeWeights:
 def _linear(plan: LinearPlan, rows: torch.Tensor | None = None) -> Linear:
     weight, bias = plan.weight, plan.bias
     if rows is not None:
+        rows = rows.to(weight.device)
         weight = weight.index_select(0, rows)
         bias = bias.index_select(0, rows) if bias is not None else None
     return Linear(weight.contiguous(), bias)

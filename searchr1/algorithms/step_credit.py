@@ -1,23 +1,35 @@
 """How a search turn's step reward reaches its tokens (StepSearch, arXiv 2505.15107: token-level
-credit for each search beside the global outcome reward).
+credit for each search beside the global outcome reward), compared per search position.
 
-The step rewards ``s_ik`` of trajectory i's search turns k come from ``searchr1.rewards.steps``;
+The step rewards ``s_ik`` of trajectory i's search turns k = 1..n_i come from ``searchr1.rewards.steps``;
 ``c`` is ``algorithm.step_credit_coef``; ``T_ik`` the turn's generated tokens (its query and the
-reasoning before it), ``t_ik`` its last one.
+reasoning before it), ``t_ik`` its last one; ``S_i`` the tokens of what i did instead of search n_i + 1
+(its answer turn: ``StepCredit.stop_span``).
 
 Outcome estimators (grpo, rloo, reinforce, ..., registered without ``token_level``): a step
-advantage beside the group's outcome advantage ``A_i`` (GRPO: ``(R_i - mean_g R) / (std_g R + eps)``),
-with the step rewards normalised over the scored search turns of the group g (every turn of every
-trajectory of the same prompt):
+advantage beside the group's outcome advantage ``A_i`` (GRPO: ``(R_i - mean_g R) / (std_g R + eps)``).
+Turn k of a trajectory is compared with the k-th decisions of the other trajectories of its group g
+(the same prompt), a trajectory without a k-th search counting 0 there:
 
-    Â_ik = (s_ik - mean_{(j,l) in g} s_jl) / (std_{(j,l) in g} s_jl + eps)   (std: unbiased;
-           without the division when algorithm.norm_adv_by_std=false; 0 in a group of one turn)
-    A_it = A_i + c * Â_ik     for t in T_ik
-    A_it = A_i                 for the trajectory's other generated tokens
+    v_ik  = s_ik  if k <= n_i,  else 0                              k = 1..K_g, K_g = max_{j in g} n_j
+    Â_ik  = (v_ik - mean_{j in g} v_jk) / (std_{j in g} v_jk + eps)  (std: unbiased; without the division
+                                                                    when algorithm.norm_adv_by_std=false)
+    A_it  = A_i + c * Â_ik         for t in T_ik   (k <= n_i: the k-th search)
+    A_it  = A_i + c * Â_i,n_i+1    for t in S_i    (n_i < K_g: stopping where another trajectory searched)
+    A_it  = A_i                    for the trajectory's other generated tokens
+
+Why per position: pooled over all turns of a group, a second search that finds the second hop earns the
+same step reward as every first search that found the first, so its advantage is about 0, while a second
+search that fails is below the pool's mean: trying hop 2 is punished in expectation and stopping after one
+search costs nothing. Compared with the k-th decisions alone, with gain g for a new gold passage and
+redundancy penalty r: a k-th search that finds new gold (v = g) ranks above stopping (v = 0), which ranks
+with a k-th search that finds nothing new (v = 0) and above a redundant repeat (v = -r); stopping where
+others found gold is pushed down by the same comparison. At the first position all trajectories that
+searched once for the same question compare their first searches, as before.
 
 Token-level estimators (gae, reinforce_plus_plus: ``register_advantage(..., token_level=True)``):
 per-token rewards, the step reward on the turn's last generated token, the outcome on the last one
-of the response, so GAE carries each to the tokens before it:
+of the response, so GAE carries each to the tokens before it (the critic is the baseline):
 
     r_t = R_i * [t = last generated token]  +  c * sum_k s_ik * [t = t_ik]  (- beta * KL_t if in reward)
     delta_t = r_t + gamma * V_{t+1} - V_t,   A_t = delta_t + gamma * lam * A_{t+1}     (as ``gae``)
@@ -44,32 +56,50 @@ def step_tensors(
     credits: Sequence[Any], prompt_lens: Sequence[int], shape: tuple[int, int]
 ) -> tuple[Tensor, Tensor]:
     """``(rewards, turns)``, both ``[B, T]`` aligned with ``input_ids`` (prompt then response):
-    ``rewards`` holds s_ik on every token of turn k, ``turns`` holds k + 1 there (0 elsewhere). Turns
-    of an unscored trajectory, or whose tokens are unknown, are left out (0)."""
+    ``rewards`` holds s_ik on every token of search turn k and ``turns`` holds k there; the tokens of the
+    stop span (``StepCredit.stop_span``: what the trajectory did instead of search n_i + 1) hold
+    ``-(n_i + 1)`` in ``turns`` and 0 in ``rewards``. Turns of an unscored trajectory are left out (0);
+    a turn whose tokens are unknown holds no token, and then neither does the stop span (its position
+    would be wrong)."""
     rewards = torch.zeros(shape, dtype=torch.float32)
     turns = torch.zeros(shape, dtype=torch.long)
     for row, (credit, p) in enumerate(zip(credits, prompt_lens, strict=True)):
         if credit is None or not credit.scored:
             continue
+        known = True
         for k, turn in enumerate(credit.turns):
             if turn.span is None:
+                known = False
                 continue
             start, end = p + turn.span[0], min(p + turn.span[1], shape[1])
             if end <= start:
                 continue
             rewards[row, start:end] = turn.reward
             turns[row, start:end] = k + 1
+        stop = getattr(credit, "stop_span", None)
+        if known and stop is not None:
+            start, end = p + stop[0], min(p + stop[1], shape[1])
+            if end > start:
+                turns[row, start:end] = -(len(credit.turns) + 1)
     return rewards, turns
 
 
 def _turn_values(rewards: Tensor, turns: Tensor, row: int) -> list[tuple[int, float]]:
-    """``[(k + 1, s_ik), ...]`` of one row's scored turns."""
+    """``[(k, s_ik), ...]`` of one row's scored search turns."""
     ids = turns[row]
     out = []
     for k in torch.unique(ids[ids > 0]).tolist():
         first = int(torch.nonzero(ids == k)[0, 0])
         out.append((int(k), float(rewards[row, first])))
     return out
+
+
+def _search_counts(rewards: Tensor, turns: Tensor, row: int) -> tuple[dict[int, float], bool]:
+    """``({k: s_ik}, scored)`` of one row: its search turns' step rewards by position, and whether the
+    row takes part in the comparison at all (a labelled search turn or stop span)."""
+    values = dict(_turn_values(rewards, turns, row))
+    scored = bool(values) or bool((turns[row] < 0).any())
+    return values, scored
 
 
 @torch.no_grad()
@@ -81,22 +111,34 @@ def group_step_advantages(
     norm_by_std: bool = True,
     eps: float = 1e-6,
 ) -> Tensor:
-    """``Â_ik`` on the tokens of turn k, 0 elsewhere ``[B, T]`` (see the module docstring)."""
+    """``Â_ik`` on the tokens of search turn k and ``Â_i,n_i+1`` on the stop span, 0 elsewhere
+    ``[B, T]`` (per search position; see the module docstring)."""
     out = torch.zeros(rewards.shape, dtype=torch.float32)
-    by_group: dict[Hashable, list[tuple[int, int, float]]] = {}
+    by_group: dict[Hashable, list[tuple[int, dict[int, float]]]] = {}
     for row, gid in enumerate(group_ids):
-        for k, s in _turn_values(rewards, turns, row):
-            by_group.setdefault(gid, []).append((row, k, s))
-    for items in by_group.values():
-        if len(items) < 2:
+        values, scored = _search_counts(rewards, turns, row)
+        if scored:
+            by_group.setdefault(gid, []).append((row, values))
+    for members in by_group.values():
+        if len(members) < 2:
             continue
-        values = torch.tensor([s for _, _, s in items], dtype=torch.float64)
-        centred = values - values.mean()
-        if norm_by_std:
-            centred = centred / (values.std(unbiased=True) + eps)
-        for (row, k, _), adv in zip(items, centred.tolist(), strict=True):
-            out[row][turns[row] == k] = float(adv)
+        deepest = max((max(v, default=0) for _, v in members), default=0)
+        for k in range(1, deepest + 1):
+            column = torch.tensor([v.get(k, 0.0) for _, v in members], dtype=torch.float64)
+            centred = column - column.mean()
+            if norm_by_std:
+                centred = centred / (column.std(unbiased=True) + eps)
+            for (row, values), adv in zip(members, centred.tolist(), strict=True):
+                label = k if k in values else -k
+                out[row][turns[row] == label] = float(adv)
     return out
+
+
+def step_signal_groups(rewards: Tensor, turns: Tensor, group_ids: Sequence[Hashable]) -> set[Hashable]:
+    """Groups with a step advantage somewhere (their k-th decisions differ at some search position): they
+    carry a signal even when their outcome rewards are all equal (``algorithm.filter_groups`` keeps them)."""
+    adv = group_step_advantages(rewards, turns, group_ids, norm_by_std=False)
+    return {g for row, g in enumerate(group_ids) if float(adv[row].abs().max()) > 1e-9}
 
 
 @torch.no_grad()

@@ -53,6 +53,10 @@ class StepCredit:
     turns: list[SearchTurn] = field(default_factory=list)
     gold: str = ""
     """What counted as gold: ids | titles | answer; "" = none known (the turns are not scored)."""
+    stop_span: tuple[int, int] | None = None
+    """``[start, end)`` in ``response_ids`` of what the trajectory did instead of one more search: from the
+    end of its last executed search turn (0 without one) to the end of the response (the observation in
+    between is not trained); None when unknown or empty."""
 
     @property
     def scored(self) -> bool:
@@ -108,8 +112,9 @@ def step_credit(traj: Any, cfg: RewardConfig, decode: Callable[[list[int]], str]
     meta = traj.meta or {}
     kind, gold = gold_units(meta, cfg.step_gold)
     spans = traj.search_turns(decode)
+    stop = _stop_span(spans, len(traj.response_ids))
     if not kind:
-        return StepCredit([SearchTurn(span) for span in spans], "")
+        return StepCredit([SearchTurn(span) for span in spans], "", stop)
     golden = [str(g) for g in meta.get("golden_answers") or []]
     norm = normalizer(cfg.normalization)
     seen_hits: set[str] = set()
@@ -126,7 +131,16 @@ def step_credit(traj: Any, cfg: RewardConfig, decode: Callable[[list[int]], str]
         turns.append(SearchTurn(span, reward, len(new), redundant))
         seen_hits |= keys
         found |= new
-    return StepCredit(turns, kind)
+    return StepCredit(turns, kind, stop)
+
+
+def _stop_span(spans: Sequence[tuple[int, int] | None], response_len: int) -> tuple[int, int] | None:
+    """After the last executed search turn, to the end of the response (None: a turn not found, or nothing
+    after it)."""
+    if spans and spans[-1] is None:
+        return None
+    start = int(spans[-1][1]) if spans else 0
+    return (start, response_len) if response_len > start else None
 
 
 def gold_coverage(

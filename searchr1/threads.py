@@ -10,7 +10,9 @@ the cores it has.
 
 ``ThreadGovernor.adapt()`` measures, since its previous call, the CPU time that other processes used on
 the cores this process may run on (``/proc/stat``'s busy time of those cores minus this process's own CPU
-time) and sets ``torch.set_num_threads(max(1, min(requested, round(cores - others))))``. Callers (the
+time) and sets ``torch.set_num_threads(max(1, min(requested, round(cores - others))))``. A process at
+normal priority does not count the time of niced processes (``/proc/stat``'s ``nice`` column): they run
+only on what it leaves, so its threads are not slowed by them; a niced process counts everything. Callers (the
 rollout's decoding loop, the update's micro-batches) call it often; it re-measures at most every
 ``interval_s``. Linux only (elsewhere, and when off, the requested count stays).
 """
@@ -34,8 +36,9 @@ def _allowed_cpus() -> list[int]:
         return list(range(os.cpu_count() or 1))
 
 
-def _busy_seconds(cpus: list[int]) -> float | None:
-    """Busy (not idle, not iowait) seconds of ``cpus`` since boot, from ``/proc/stat``; None if unreadable."""
+def _busy_seconds(cpus: list[int], count_nice: bool = True) -> float | None:
+    """Busy (not idle, not iowait; without ``count_nice``, not niced either) seconds of ``cpus`` since boot,
+    from ``/proc/stat``; None if unreadable."""
     try:
         lines = Path("/proc/stat").read_text().splitlines()
     except OSError:
@@ -49,8 +52,17 @@ def _busy_seconds(cpus: list[int]) -> float | None:
         if name in wanted:
             values = [int(v) for v in rest.split()]
             busy += sum(values[:8]) - values[3] - values[4]  # user..steal, less idle and iowait
+            if not count_nice:
+                busy -= values[1]
             found += 1
     return busy / tick if found else None
+
+
+def _niceness() -> int:
+    try:
+        return os.nice(0)
+    except (AttributeError, OSError):
+        return 0
 
 
 class ThreadGovernor:
@@ -62,6 +74,8 @@ class ThreadGovernor:
         self.requested = max(1, requested or torch.get_num_threads())
         """The most threads to use (the count configured when the governor was made)."""
         self.cpus = _allowed_cpus()
+        self.count_nice = _niceness() > 0
+        """Niced processes yield to this one unless it is niced itself: their time counts only then."""
         self.enabled = enabled and self.requested > 1 and _busy_seconds(self.cpus) is not None
         self.interval_s = interval_s
         self.threads = self.requested
@@ -71,7 +85,7 @@ class ThreadGovernor:
         self._last: tuple[float, float, float] | None = None
 
     def _sample(self) -> tuple[float, float, float] | None:
-        busy = _busy_seconds(self.cpus)
+        busy = _busy_seconds(self.cpus, self.count_nice)
         return None if busy is None else (time.monotonic(), busy, time.process_time())
 
     def adapt(self) -> int:

@@ -14,12 +14,18 @@ class Clock:
     def __init__(self) -> None:
         self.wall = 100.0
         self.busy = 500.0
+        self.niced = 50.0
         self.own = 10.0
 
-    def run(self, seconds: float, own_cores: float, other_cores: float) -> None:
+    def run(self, seconds: float, own_cores: float, other_cores: float, niced_cores: float = 0.0) -> None:
+        """``niced_cores``: other processes at a higher nice value (in /proc/stat's nice column)."""
         self.wall += seconds
         self.own += own_cores * seconds
-        self.busy += (own_cores + other_cores) * seconds
+        self.busy += (own_cores + other_cores + niced_cores) * seconds
+        self.niced += niced_cores * seconds
+
+    def busy_seconds(self, cpus: list[int], count_nice: bool = True) -> float:
+        return self.busy if count_nice else self.busy - self.niced
 
 
 @pytest.fixture
@@ -27,7 +33,8 @@ def machine(monkeypatch):
     threads.configure(False)  # a governor a trainer test left installed
     clock = Clock()
     set_to: list[int] = []
-    monkeypatch.setattr(threads, "_busy_seconds", lambda cpus: clock.busy)
+    monkeypatch.setattr(threads, "_busy_seconds", clock.busy_seconds)
+    monkeypatch.setattr(threads, "_niceness", lambda: 0)
     monkeypatch.setattr(threads, "_allowed_cpus", lambda: [0, 1])
     monkeypatch.setattr(threads.time, "monotonic", lambda: clock.wall)
     monkeypatch.setattr(threads.time, "process_time", lambda: clock.own)
@@ -68,3 +75,18 @@ def test_the_module_level_governor_is_installed_and_removed(machine):
     assert threads.adapt() == 1
     threads.configure(False)  # back to the requested count
     assert threads.governor() is None and set_to == [1, 2]
+
+
+def test_niced_processes_do_not_take_threads_from_a_process_at_normal_priority(machine, monkeypatch):
+    clock, set_to = machine
+    gov = threads.ThreadGovernor(requested=2)
+    gov.adapt()
+    clock.run(1.0, own_cores=1.9, other_cores=0.0, niced_cores=0.1)  # a nice-19 test suite soaks up what is left
+    assert gov.adapt() == 2 and set_to == [] and gov.others == pytest.approx(0.0)
+    clock.run(1.0, own_cores=1.2, other_cores=0.8, niced_cores=0.0)  # a competitor at normal priority does
+    assert gov.adapt() == 1
+    monkeypatch.setattr(threads, "_niceness", lambda: 10)  # a niced process counts niced competitors too
+    niced = threads.ThreadGovernor(requested=2)
+    niced.adapt()
+    clock.run(1.0, own_cores=1.2, other_cores=0.0, niced_cores=0.8)
+    assert niced.adapt() == 1 and niced.others == pytest.approx(0.8)

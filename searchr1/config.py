@@ -28,7 +28,7 @@ from searchr1.plugins import PluginError, check_names, check_traits, import_plug
 from searchr1.retrieval.config import RetrievalConfig
 from searchr1.rewards.config import RewardConfig
 from searchr1.rollout.config import RolloutConfig
-from searchr1.trainer.config import ModelConfig, ReplayConfig, TrainerConfig
+from searchr1.trainer.config import GuidanceConfig, ModelConfig, ReplayConfig, TrainerConfig
 
 T = TypeVar("T")
 
@@ -65,6 +65,8 @@ class SearchR1Config:
     """Optimisation, batching, checkpoints, logging, validation."""
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     """Replay of successful trajectories into groups that found none (off by default)."""
+    guidance: GuidanceConfig = field(default_factory=GuidanceConfig)
+    """Guidance from the gold path for groups that found no success: gold trajectories and branched rollouts (off by default)."""
     seed: int = 0
     """Seed for every random number generator of the run."""
 

@@ -181,6 +181,36 @@ def llds_loss(
     return agg_loss(loss_mat, mask, loss_agg or cfg.loss_agg, norms=norms)
 
 
+def shaped_off_policy_loss(
+    log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    gamma: float,
+    loss_agg: str,
+    norms: AggNorms | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Policy shaping for off-policy tokens (LUFFY, Yan et al. 2025, arXiv 2504.14945): tokens the policy
+    did not sample (a gold trajectory) are trained without a ratio to a behaviour policy and without
+    clipping, through f(pi) = pi / (pi + gamma):
+
+        pi_t = exp(log pi_theta(y_t))
+        l_t  = -A_t * pi_t / (pi_t + gamma)
+        dl_t / d log pi_t = -A_t * w_t,   w_t = gamma * pi_t / (pi_t + gamma)^2
+
+    Compared with importance sampling against a behaviour policy of 1 (l_t = -A_t pi_t, weight pi_t), the
+    weight of a token the policy finds unlikely (pi << gamma) is about pi / gamma: gamma times larger, so
+    the rare actions of the guide are not lost. Returns the aggregated loss (``loss_agg``, mini-batch
+    ``norms``) and w_t ``[B, T]`` (detached; 0 outside the mask) for the ``guidance/shaping_weight``
+    metric."""
+    mask = response_mask.bool()
+    prob = torch.exp(_zero_masked(log_prob, mask).clamp(max=0.0))
+    shaped = prob / (prob + gamma)
+    loss_mat = -_zero_masked(advantages, mask) * shaped
+    weight = _zero_masked((gamma * prob / (prob + gamma) ** 2).detach(), mask)
+    return agg_loss(loss_mat, mask, loss_agg, norms=norms), weight
+
+
 def compute_policy_loss(
     log_prob: Tensor,
     old_log_prob: Tensor,

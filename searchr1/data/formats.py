@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from searchr1.data.prompts import build_prompt, prompt_messages, render_messages, resolve_template
-from searchr1.data.supporting import supporting_meta
+from searchr1.data.supporting import question_kind, supporting_meta
 
 BENCHMARK_SOURCES = ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
 """The seven QA benchmarks of the Search-R1 paper (names as in FlashRAG_datasets)."""
@@ -383,6 +383,15 @@ def sample_meta(sample: Sample | Mapping[str, Any], index: int) -> dict[str, Any
     meta["data_source"] = meta.get("data_source") or "default"
     meta["sample_index"] = index
     return meta
+
+
+def sample_kind(sample: Sample | Mapping[str, Any]) -> str:
+    """``single-hop`` or ``multi-hop`` (``searchr1.data.supporting.question_kind``) of a ``Sample`` or a
+    FlashRAG-style dict."""
+    if isinstance(sample, Sample):
+        return question_kind(sample.metadata, sample.data_source)
+    metadata = sample.get("metadata") or {}
+    return question_kind(metadata, str(sample.get("data_source") or metadata.get("data_source") or ""))
 
 
 def sample_prompt(sample: Sample | Mapping[str, Any], template: str, tokenizer: Any) -> str:

@@ -54,6 +54,14 @@ def supporting_passages(metadata: Mapping[str, Any] | None, data_source: str = "
     ids = meta.get("supporting_ids")
     if isinstance(ids, list | tuple) and ids:
         return {"ids": _unique([str(i) for i in ids])}
+    titles = supporting_titles(meta, data_source)
+    return {"titles": titles} if titles else {}
+
+
+def supporting_titles(metadata: Mapping[str, Any] | None, data_source: str = "") -> list[str]:
+    """The titles of the gold passages in the row's order (the order of its hops or supporting facts), each
+    once; ``[]`` when the row names none. The gold path of guidance searches them in this order."""
+    meta = metadata or {}
     titles: list[str] = []
     if isinstance(meta.get("supporting_titles"), list | tuple):
         titles = [str(t) for t in meta["supporting_titles"]]
@@ -67,8 +75,7 @@ def supporting_passages(metadata: Mapping[str, Any] | None, data_source: str = "
         ]
     elif isinstance(meta.get("hops"), list | tuple) and (meta.get("data_source") or data_source) == "synth":
         titles = [str(h) for h in meta["hops"]]
-    titles = _unique([t.strip() for t in titles])
-    return {"titles": titles} if titles else {}
+    return _unique([t.strip() for t in titles])
 
 
 def supporting_meta(metadata: Mapping[str, Any] | None, data_source: str = "") -> dict[str, list[str]]:
@@ -76,3 +83,17 @@ def supporting_meta(metadata: Mapping[str, Any] | None, data_source: str = "") -
     return {
         f"supporting_{kind}": values for kind, values in supporting_passages(metadata, data_source).items()
     }
+
+
+def question_kind(metadata: Mapping[str, Any] | None, data_source: str = "") -> str:
+    """``multi-hop`` for a question that needs two gold passages or more (metadata ``type`` bridge /
+    comparison / compositional, or two supporting titles or ids), else ``single-hop``."""
+    meta = metadata or {}
+    kind = str(meta.get("type") or "").lower()
+    if kind in ("single", "single-hop"):
+        return "single-hop"
+    if kind in ("bridge", "comparison", "compositional", "inference", "bridge_comparison", "multi-hop"):
+        return "multi-hop"
+    ids = meta.get("supporting_ids")
+    gold = ids if isinstance(ids, list | tuple) and ids else supporting_titles(meta, data_source)
+    return "multi-hop" if len(gold) >= 2 else "single-hop"

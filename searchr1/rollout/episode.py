@@ -112,9 +112,13 @@ class Episode:
 
     @classmethod
     def start(cls, index: int, prompt_ids: list[int], meta: dict[str, Any], ctx: EpisodeContext) -> Episode:
+        """A new episode. A prompt that ends with a written prefix of the response (``meta["prefix_turns"]``
+        turns in ``meta["prefix_tokens"]`` tokens: a branched rollout, ``searchr1.rollout.gold``) continues
+        with what is left of ``max_turns`` and ``max_response_tokens``."""
         cfg = ctx.config
-        budget = min(cfg.max_response_tokens, ctx.max_context - len(prompt_ids))
-        ep = cls(index, ctx, Trajectory(prompt_ids=list(prompt_ids), meta=dict(meta)), budget)
+        done_turns, done_tokens = int(meta.get("prefix_turns", 0)), int(meta.get("prefix_tokens", 0))
+        budget = min(cfg.max_response_tokens - done_tokens, ctx.max_context - len(prompt_ids))
+        ep = cls(index, ctx, Trajectory(prompt_ids=list(prompt_ids), meta=dict(meta), turns=done_turns), budget)
         ep.t_start = time.perf_counter()
         if budget <= 0:
             ep._finish("truncated", truncated=True)

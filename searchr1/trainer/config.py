@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["ModelConfig", "ReplayConfig", "TrainerConfig"]
+__all__ = ["GuidanceConfig", "ModelConfig", "ReplayConfig", "TrainerConfig"]
 
 
 @dataclass
@@ -118,8 +118,10 @@ class TrainerConfig:
     a run that only got worse ships the policy it started from)."""
     val_max_samples: int = 0
     """Validation questions at most (0 = all)."""
-    keep_best: Literal["none", "val_em"] = "none"
-    """val_em: keep the policy of the best validation EM in checkpoints/best (needs val_every > 0); `SearchR1Trainer.save(best=True)` and `searchr1 train --export-best` take it."""
+    keep_best: Literal["none", "val_em", "val_em_by_kind"] = "none"
+    """val_em: keep the policy of the best validation EM in checkpoints/best (needs val_every > 0); val_em_by_kind: of the best mean over the kinds of question of their validation EM (single-hop and multi-hop weigh alike, however many of each the set holds); `SearchR1Trainer.save(best=True)` and `searchr1 train --export-best` take it."""
+    val_balance_kinds: bool = False
+    """Validate on as many single-hop as multi-hop questions (taken in file order, up to `val_max_samples` in all; a kind is read from metadata.type or the number of gold passages)."""
     log_backends: list[str] = field(default_factory=lambda: ["jsonl", "tensorboard"])
     """Metric sinks: jsonl | tensorboard | wandb (wandb honours WANDB_MODE=offline)."""
     wandb_project: str = "searchr1"
@@ -177,10 +179,12 @@ class TrainerConfig:
             raise ValueError("trainer.stop_without_signal must be >= 0")
         if self.max_nonfinite_in_a_row < 1:
             raise ValueError("trainer.max_nonfinite_in_a_row must be >= 1")
-        if self.keep_best not in ("none", "val_em"):
-            raise ValueError(f"trainer.keep_best: expected none | val_em, got {self.keep_best!r}")
-        if self.keep_best == "val_em" and not self.val_every:
-            raise ValueError("trainer.keep_best=val_em needs trainer.val_every > 0 (no validation, no best)")
+        if self.keep_best not in ("none", "val_em", "val_em_by_kind"):
+            raise ValueError(f"trainer.keep_best: expected none | val_em | val_em_by_kind, got {self.keep_best!r}")
+        if self.keep_best != "none" and not self.val_every:
+            raise ValueError(
+                f"trainer.keep_best={self.keep_best} needs trainer.val_every > 0 (no validation, no best)"
+            )
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"trainer.device: expected auto | cpu | cuda[:N], got {self.device!r}")
 
@@ -224,4 +228,53 @@ class ReplayConfig:
             raise ValueError(
                 f"replay.enabled with algorithm.policy_loss={loss}: that loss has no importance ratio, so "
                 "replayed trajectories would be trained as if the current policy had sampled them (use ppo or gspo)"
+            )
+
+
+@dataclass
+class GuidanceConfig:
+    off_policy: int = 0
+    """Gold trajectories put into each group without a success (LUFFY, arXiv 2504.14945): the question's gold path (its gold titles searched in turn, real observations of the run's search backend, the gold answer) in the run's format, trained with policy shaping pi / (pi + shaping_gamma) instead of the PPO ratio; observations masked (searchr1.trainer.guidance). 0 = none."""
+    branched: int = 0
+    """Rollouts of each group without a success that continue the model's own generation from the gold prefix ending after the first <information> (BREAD, arXiv 2506.17211): the model writes the rest itself and only its tokens are trained. 0 = none."""
+    share: float = 0.25
+    """The guided share of a step's trajectories at step 0 (the groups first in the batch get theirs); the schedule lowers it to 0 by `decay_until`."""
+    decay_until: float = 0.75
+    """Fraction of trainer.total_steps at which the guided share reaches 0, linearly from `share`: the steps after it are unguided, so the policy kept at the end stands alone."""
+    shaping_gamma: float = 0.1
+    """gamma of the policy shaping f(pi) = pi / (pi + gamma) on gold tokens: a token the policy finds unlikely keeps a larger share of its gradient than under pi itself."""
+    min_reward: float = 1.0
+    """A group has a success when one of its trajectories' outcome reward reaches this (then it is not guided)."""
+    min_hops: int = 1
+    """Only questions whose gold path searches at least this many titles are guided (2: multi-hop questions only); branched rollouts need a path of at least one search."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.off_policy > 0 or self.branched > 0
+
+    def validate(self, root: Any) -> None:
+        for key in ("off_policy", "branched"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"guidance.{key} must be >= 0, got {getattr(self, key)}")
+        if not 0.0 <= self.share <= 1.0:
+            raise ValueError(f"guidance.share must be in [0, 1], got {self.share}")
+        if not 0.0 < self.decay_until <= 1.0:
+            raise ValueError(f"guidance.decay_until must be in (0, 1], got {self.decay_until}")
+        if self.shaping_gamma <= 0:
+            raise ValueError(f"guidance.shaping_gamma must be > 0, got {self.shaping_gamma}")
+        if self.min_hops < 1:
+            raise ValueError(f"guidance.min_hops must be >= 1, got {self.min_hops}")
+        if not self.enabled or root is None:
+            return
+        n = getattr(getattr(root, "rollout", None), "n", None)
+        if n is not None and self.off_policy + self.branched > n - 1:
+            raise ValueError(
+                f"guidance.off_policy + guidance.branched = {self.off_policy + self.branched} with rollout.n={n}: "
+                "a guided group keeps at least one trajectory of its own (at most rollout.n - 1 guided)"
+            )
+        advantage = getattr(getattr(root, "algorithm", None), "advantage", "grpo")
+        if advantage == "gae":
+            raise ValueError(
+                "guidance with algorithm.advantage=gae: a gold trajectory's advantage needs a group baseline "
+                "(use grpo, rloo or another group estimator)"
             )

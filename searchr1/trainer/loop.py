@@ -11,10 +11,11 @@ One step::
     update    = PPO epochs x mini-batches x micro-batches (searchr1.trainer.update)
     schedules, EMA reference, metrics, checkpoint
 
-Two optional signals beside the outcome reward (both off by default): a step reward per search turn
+Optional signals beside the outcome reward (all off by default): a step reward per search turn
 (``reward.step_gain`` / ``reward.step_redundancy``; ``searchr1.rewards.steps``, credited to the turn's
-tokens by ``searchr1.algorithms.step_credit``), and the replay of successful trajectories into groups
-that found none (``replay.enabled``; ``searchr1.trainer.replay``), mixed in after the rollout.
+tokens by ``searchr1.algorithms.step_credit``), and, for groups that found no success, the replay of
+earlier successes (``replay.enabled``; ``searchr1.trainer.replay``) and guidance from the gold path
+(``guidance.*``; ``searchr1.trainer.guidance``), mixed in after the rollout (``searchr1.trainer.mixing``).
 
 The reference policy is a frozen copy of the initial weights, an EMA of the policy
 (``algorithm.ref_policy=ema``), or, with LoRA, the base model with the adapter disabled.
@@ -41,12 +42,13 @@ from searchr1.algorithms.advantages import scores_to_token_rewards
 from searchr1.algorithms.aggregation import masked_mean
 from searchr1.algorithms.kl import AdaptiveKLController, kl_penalty
 from searchr1.algorithms.reference import ema_update_
-from searchr1.algorithms.step_credit import advantages_with_step_credit, group_step_advantages, step_tensors
-from searchr1.data.formats import sample_meta, sample_prompt
+from searchr1.algorithms.step_credit import advantages_with_step_credit, step_signal_groups, step_tensors
+from searchr1.data.formats import sample_kind, sample_meta, sample_prompt
 from searchr1.data.prompts import describe_template, resolve_template
 from searchr1.precision import autocast, fast_bf16, frozen_linears_to_bf16
 from searchr1.rewards.format import is_valid_format
 from searchr1.rewards.steps import step_credit, step_metrics
+from searchr1.rollout.gold import GoldWriter
 from searchr1.rollout.records import answer_and_scores, trajectory_record
 from searchr1.rollout.registry import build_engine, check_dtype
 from searchr1.rollout.sampling import SamplingParams
@@ -72,17 +74,12 @@ from searchr1.trainer.experience import (
     micro_batches,
     rows_with_signal,
 )
+from searchr1.trainer.guidance import Guidance, guidance_tensors, is_guided
 from searchr1.trainer.health import CollapseMonitor, flat_group_share
+from searchr1.trainer.mixing import MixedBatch, mix_batch, shares
 from searchr1.trainer.plots import write_plots
 from searchr1.trainer.policy import PolicyLogprobs
-from searchr1.trainer.replay import (
-    ReplayBuffer,
-    is_replayed,
-    mix_replay,
-    question_of,
-    replay_tensors,
-    with_behaviour_logprobs,
-)
+from searchr1.trainer.replay import ReplayBuffer, is_replayed, replay_tensors, with_behaviour_logprobs
 from searchr1.trainer.schedule import PromptSampler, make_scheduler
 from searchr1.trainer.search_health import SearchAlert, SearchFailureMonitor, first_search_error
 from searchr1.trainer.tracking import MetricsLogger, ProgressBar
@@ -147,6 +144,8 @@ class RLTrainer:
         rcfg = cfg.replay
         self.replay = ReplayBuffer(rcfg.keep_per_question, rcfg.max_age) if rcfg.enabled else None
         """Successful trajectories per training question (``replay.enabled``; checkpointed)."""
+        self.guidance: Guidance | None = None
+        """Gold trajectories and branched rollouts for groups without a success (``guidance.*``; set up)."""
         self._stop_signal: int | None = None
         self._injected = dict(
             model=model,
@@ -176,7 +175,9 @@ class RLTrainer:
         if self._setup_done:
             return
 
-        if self._injected["engine"] is None:  # before any model loads: the engine can generate in rollout.dtype
+        if (
+            self._injected["engine"] is None
+        ):  # before any model loads: the engine can generate in rollout.dtype
             check_dtype(self.cfg, self.device.type)
         torch.manual_seed(self.cfg.seed)
         threads.configure(self.tcfg.adaptive_threads and self.device.type == "cpu")
@@ -204,12 +205,20 @@ class RLTrainer:
             self.train_samples = self.train_samples[: self.cfg.data.max_train_samples]
         self.val_samples = built.val_samples
         self.engine = built.engine or build_engine(self.cfg, self.policy, self.tokenizer, self.retriever)
+        if self.cfg.guidance.enabled:
+            writer = GoldWriter(self.tokenizer, self.cfg.rollout, self.retriever, self.cfg.retrieval.topk)
+            log = (lambda line: print(line, file=sys.stderr)) if self.dist.is_main else (lambda line: None)
+            self.guidance = Guidance(
+                self.cfg.guidance, self.tcfg.total_steps, self.train_samples, writer, log
+            )
         self.lora = built.lora
         self.base_model_path = built.model_path
         if self.lora and self.cfg.model.bf16_autocast and fast_bf16(self.device):
             frozen_linears_to_bf16(self.policy)
         self.actor = wrap_model(
-            PolicyLogprobs(self.policy, share_prefix=self.tcfg.share_prompt_prefix, fused=self.tcfg.fused_update),
+            PolicyLogprobs(
+                self.policy, share_prefix=self.tcfg.share_prompt_prefix, fused=self.tcfg.fused_update
+            ),
             self.dist,
             self.tcfg.strategy,
             self.device,
@@ -318,16 +327,17 @@ class RLTrainer:
                 meta.update(group_id=gid, sample_in_group=k)
                 metas.append(meta)
                 groups.append(gid)
-        self.policy.eval()
         t0 = time.perf_counter()
-        with torch.no_grad(), self._autocast():
-            trajs = self.engine.generate(
-                prompt_ids,
-                metas,
-                sampling=SamplingParams.from_config(self.cfg.rollout),
-                seed=_seed_for(self.cfg.seed, step, self.dist.rank),
-            )
+        trajs = self._generate(prompt_ids, metas, _seed_for(self.cfg.seed, step, self.dist.rank))
         return trajs, groups, time.perf_counter() - t0
+
+    def _generate(self, prompt_ids: list[list[int]], metas: list[dict[str, Any]], seed: int) -> list[Any]:
+        """Sampled rollouts of the current policy (the rollout's sampling settings)."""
+        self.policy.eval()
+        with torch.no_grad(), self._autocast():
+            return self.engine.generate(
+                prompt_ids, metas, sampling=SamplingParams.from_config(self.cfg.rollout), seed=seed
+            )
 
     def _autocast(self) -> torch.autocast:
         return autocast(self.device, self.cfg.model.bf16_autocast)
@@ -407,6 +417,8 @@ class RLTrainer:
         step_sums = self._step_credit(trajs, exp)
         if self.replay is not None:
             exp.extras.update(replay_tensors(trajs, tuple(exp.input_ids.shape)))
+        if self.guidance is not None:
+            exp.extras.update(guidance_tensors(trajs))
         t0 = time.perf_counter()
         self.policy.eval()
         if not self.on_policy:
@@ -476,35 +488,23 @@ class RLTrainer:
             "step/scored_share": total["scored_turns"] / max(total["search_turns"], 1.0),
         }
 
-    def _mix_replay(
-        self, trajs: list[Any], groups: list[int], step: int
-    ) -> tuple[list[Any], list[Any], list[Any], dict[str, float]]:
-        """``replay.enabled``: this rank's groups without a success take stored successes of their
-        question; this step's fresh successes (every rank's) are stored after. Returns the mixed batch,
-        its rewards, the fresh batch's rewards and the replay metrics (with the reward's time)."""
-        rcfg = self.cfg.replay
-        t0 = time.perf_counter()
-        fresh_rewards = rewards = self.reward_fn.score_trajectories(trajs, self._decode)
-        totals = [r.total for r in rewards]
-        successes = [
-            (question_of(t), t) for t, total in zip(trajs, totals, strict=True) if total >= rcfg.min_reward
-        ]
-        mixed, rows = mix_replay(trajs, groups, totals, self.replay, rcfg, step)
-        if rows:
-            rescored = self.reward_fn.score_trajectories([mixed[r] for r in rows], self._decode)
-            rewards = list(rewards)
-            for row, out in zip(rows, rescored, strict=True):
-                rewards[row] = out
-        for part in all_gather_objects(successes, self.dist):
-            for question, traj in part:
-                self.replay.add(question, traj, step)
-        replayed, total = all_reduce_sum([float(len(rows)), float(len(trajs))], self.dist, self.device)
-        metrics = {
-            "replay/share": replayed / max(total, 1.0),
-            "replay/questions": float(len(self.replay)),
-            "timing/reward": time.perf_counter() - t0,
-        }
-        return mixed, rewards, fresh_rewards, metrics
+    def _mix(self, trajs: list[Any], groups: list[int], step: int) -> MixedBatch:
+        """The step's fresh rollouts scored, with replayed successes and guidance mixed into the groups
+        without a success (``searchr1.trainer.mixing``); shares reduced over ranks."""
+        batch = mix_batch(
+            trajs, groups, step,
+            score=lambda batch: self.reward_fn.score_trajectories(batch, self._decode),
+            replay=self.replay, replay_cfg=self.cfg.replay, guidance=self.guidance,
+            generate=lambda prompts, metas: self._generate(prompts, metas, _seed_for(self.cfg.seed, step, self.dist.rank, 1)),
+            gather=lambda obj: all_gather_objects(obj, self.dist),
+        )  # fmt: skip
+        names = sorted(batch.counts)
+        total = dict(
+            zip(names, all_reduce_sum([batch.counts[k] for k in names], self.dist, self.device), strict=True)
+        )
+        guided = self.guidance is not None and self.guidance.active
+        batch.metrics.update(shares(total, self.replay is not None, guided))
+        return batch
 
     def _rollout_metrics(self, trajs: list[Any], rewards: list[Any], exp: Experience) -> dict[str, float]:
         """Sums over this rank's trajectories, reduced over ranks, then averaged."""
@@ -569,27 +569,22 @@ class RLTrainer:
 
     @staticmethod
     def _step_signal_groups(exp: Experience) -> set[int]:
-        """Groups whose search turns' step rewards differ (they carry a step advantage even when
-        their outcome rewards are all equal)."""
+        """Groups with a step advantage (``step_credit.step_signal_groups``); none without step rewards."""
         if "step_turns" not in exp.extras:
             return set()
-        adv = group_step_advantages(
-            exp.extras["step_rewards"], exp.extras["step_turns"], exp.group_ids, norm_by_std=False
-        )
-        return {g for row, g in enumerate(exp.group_ids) if float(adv[row].abs().max()) > 1e-9}
+        return step_signal_groups(exp.extras["step_rewards"], exp.extras["step_turns"], exp.group_ids)
 
     def train_step(self) -> dict[str, float]:
         step = self.step
         t_step = time.perf_counter()
         indices = self.sampler.next_batch()
         trajs, groups, t_rollout = self.rollout(indices, step)
-        if self.replay is not None:
-            fresh = trajs
-            trajs, rewards, fresh_rewards, replay_metrics = self._mix_replay(trajs, groups, step)
-            exp, metrics = self.make_experience(trajs, groups, rewards, fresh=(fresh, fresh_rewards))
-            metrics.update(replay_metrics)
-        else:
-            exp, metrics = self.make_experience(trajs, groups)
+        batch = self._mix(trajs, groups, step)  # replay and guidance into groups without a success
+        trajs = batch.trajs
+        exp, metrics = self.make_experience(
+            trajs, groups, batch.rewards, fresh=(batch.fresh, batch.fresh_rewards)
+        )
+        metrics.update(batch.metrics)
         exp = self._filter_groups(exp, metrics)
         t0 = time.perf_counter()
         if exp is None:  # every group scored alike: no advantage anywhere, nothing to update
@@ -608,6 +603,7 @@ class RLTrainer:
             update_actor=update_actor,
             update_critic=self.critic is not None,
             seed=_seed_for(self.cfg.seed, step, 7),
+            shaping_gamma=self.cfg.guidance.shaping_gamma,
         )
         upd_metrics, skipped = run_update(
             exp,
@@ -716,9 +712,7 @@ class RLTrainer:
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
         """Greedy rollouts over the validation set: EM / F1 per data source, searches and turns."""
-        samples = self.val_samples or []
-        if self.tcfg.val_max_samples:
-            samples = samples[: self.tcfg.val_max_samples]
+        samples = self._validation_samples()
         if not samples:
             return {}
         share = math.ceil(len(samples) / self.dist.world_size)
@@ -743,8 +737,9 @@ class RLTrainer:
             for traj, meta in zip(trajs, metas, strict=True):
                 m = self._answer_scores(traj, meta["golden_answers"])
                 rows.append(
-                    {"source": meta["data_source"], **m, "searches": traj.searches, "turns": traj.turns}
-                )
+                    {"source": meta["data_source"], "kind": sample_kind(samples[meta["sample_index"]]), **m,
+                     "searches": traj.searches, "turns": traj.turns}
+                )  # fmt: skip
         all_rows = [r for part in all_gather_objects(rows, self.dist) for r in part]
         out: dict[str, float] = {}
         by_source: dict[str, list[dict[str, Any]]] = {}
@@ -755,7 +750,26 @@ class RLTrainer:
                 out[f"val/{source}/{key}"] = sum(r[key] for r in rs) / len(rs)
         for key in ("em", "sub_em", "f1", "searches", "turns"):
             out[f"val/{key}"] = sum(r[key] for r in all_rows) / max(1, len(all_rows))
+        kinds = sorted({r["kind"] for r in all_rows})
+        for kind in kinds:
+            rs = [r for r in all_rows if r["kind"] == kind]
+            out[f"val/{kind}/em"] = sum(r["em"] for r in rs) / len(rs)
+            out[f"val/{kind}/searches"] = sum(r["searches"] for r in rs) / len(rs)
+        out["val/em_by_kind"] = sum(out[f"val/{k}/em"] for k in kinds) / max(1, len(kinds))
         return out
+
+    def _validation_samples(self) -> list[Any]:
+        """The validation questions: the first ``val_max_samples`` (all: 0), or with ``val_balance_kinds``
+        as many single-hop as multi-hop questions, each kind's first ones, up to ``val_max_samples``."""
+        samples = list(self.val_samples or [])
+        limit = self.tcfg.val_max_samples or len(samples)
+        if not self.tcfg.val_balance_kinds:
+            return samples[:limit]
+        by_kind: dict[str, list[Any]] = {}
+        for sample in samples:
+            by_kind.setdefault(sample_kind(sample), []).append(sample)
+        each = min([limit // max(1, len(by_kind)), *(len(v) for v in by_kind.values())])
+        return [s for kind in sorted(by_kind) for s in by_kind[kind][:each]]
 
     # ------------------------------------------------------------------------------------------
     # checkpoints
@@ -929,16 +943,20 @@ class RLTrainer:
         return summary
 
     def _keep_if_best(self, metrics: dict[str, float]) -> None:
-        """``trainer.keep_best=val_em``: a validation EM above every earlier one (ties keep the earlier)
+        """``trainer.keep_best``: a validation EM (``val_em``; ``val_em_by_kind``: the mean over kinds of
+        question) above every earlier one (ties keep the earlier)
         writes the policy to ``checkpoints/best`` (``checkpoint.best_dir``), with its step and EM."""
-        if self.tcfg.keep_best != "val_em" or "val/em" not in metrics:
+        key = {"val_em": "val/em", "val_em_by_kind": "val/em_by_kind"}.get(self.tcfg.keep_best)
+        if key is None or key not in metrics:
             return
-        em = float(metrics["val/em"])
+        em = float(metrics[key])
         if self.best_val is not None and em <= self.best_val["em"]:
             return
         self.best_val = {"step": self.step, "em": em}
         metrics["val/best_em"] = em
-        self._best_params = {n: p.detach().clone() for n, p in self.policy.named_parameters() if p.requires_grad}
+        self._best_params = {
+            n: p.detach().clone() for n, p in self.policy.named_parameters() if p.requires_grad
+        }
         policy_sd = full_state_dict(self.policy, self.dist) if self.dist.enabled and not self.lora else None
         if self.dist.is_main:
             checkpoint.save_best(
@@ -1010,4 +1028,6 @@ class RLTrainer:
                 record.update(step=self.step, id=f"step {self.step}: {sample['id']}")
                 if is_replayed(traj):  # a stored success of an earlier step (replay.enabled)
                     record.update(replayed=True, replayed_from_step=traj.meta.get("replayed_from_step"))
+                if is_guided(traj):  # guidance: a gold trajectory or a rollout branched from a gold prefix
+                    record.update(guided=traj.meta.get("guided"))
                 fh.write(json.dumps(record, default=str) + "\n")

@@ -22,13 +22,19 @@ from typing import Any
 import torch
 
 from searchr1 import threads
-from searchr1.algorithms.aggregation import AggNorms, agg_loss
+from searchr1.algorithms.aggregation import AggNorms, agg_loss, masked_mean
 from searchr1.algorithms.config import AlgorithmConfig
 from searchr1.algorithms.kl import kl_penalty, vocab_kl_matrix
-from searchr1.algorithms.policy_losses import compute_policy_loss, llds_loss, value_loss
+from searchr1.algorithms.policy_losses import (
+    compute_policy_loss,
+    llds_loss,
+    shaped_off_policy_loss,
+    value_loss,
+)
 from searchr1.precision import autocast
 from searchr1.trainer.distributed import DistInfo, all_reduce_sum, no_sync
 from searchr1.trainer.experience import Experience, micro_batches, rank_share, split_groups
+from searchr1.trainer.guidance import guided_masks
 from searchr1.trainer.policy import PolicyLogprobs
 from searchr1.trainer.replay import replay_ratio_metrics, with_behaviour_logprobs
 
@@ -44,6 +50,8 @@ class UpdateSettings:
     update_actor: bool
     update_critic: bool
     seed: int
+    shaping_gamma: float = 0.1
+    """gamma of the policy shaping of gold (off-policy) rows (``guidance.shaping_gamma``)."""
 
 
 class MetricSums:
@@ -248,9 +256,21 @@ def _actor_loss(
         if tokens:  # logged for the steps that trained replayed tokens
             sums.add("replay/ratio_mean", ratio_mean, tokens)
             sums.add("replay/clipfrac", clipfrac, tokens)
+    on_policy_mask, gold_mask = guided_masks(mb)  # gold rows of guidance: policy shaping, no ratio
     pg_loss, pg_metrics = compute_policy_loss(
-        logprobs, old_logprobs, mb.advantages, mb.train_mask, algo, norms=norms
+        logprobs, old_logprobs, mb.advantages, on_policy_mask, algo, norms=norms
     )
+    if gold_mask is not None:
+        shaped, weight = shaped_off_policy_loss(
+            logprobs,
+            mb.advantages,
+            gold_mask,
+            gamma=s.settings.shaping_gamma,
+            loss_agg=algo.loss_agg,
+            norms=norms,
+        )
+        pg_loss = pg_loss + shaped
+        sums.add("guidance/shaping_weight", masked_mean(weight, gold_mask), float(gold_mask.sum()))
     loss = pg_loss
     if algo.llds_coef > 0:
         llds = llds_loss(logprobs, old_logprobs, mb.advantages, mb.train_mask, config=algo, norms=norms)
@@ -279,7 +299,7 @@ def _actor_loss(
     sums.add_share("actor/pg_loss", pg_loss)
     sums.add_share("actor/entropy", ent)
     sums.add_share("actor/loss", loss)
-    mb_tokens = float(mb.train_mask.sum())
+    mb_tokens = float(on_policy_mask.sum())
     for name, value in pg_metrics.items():
         sums.add(f"actor/{name.removeprefix('pg_')}", value, mb_tokens)
     return loss

@@ -1,0 +1,252 @@
+"""Gold trajectories: a question's gold path written as the rollout writes a trajectory.
+
+A row that names its gold passages (``searchr1.data.supporting.supporting_titles``: the synthetic world's
+hops, HotpotQA / 2Wiki supporting facts, MuSiQue's supporting paragraphs) has a gold path: search each
+gold title in turn, then answer with the first golden answer. ``GoldWriter`` turns it into tokens in the
+run's format, with real observations from the run's own search backend:
+
+    <think> I should search {q1}. </think>\\n<search> {q1} </search>           generated (trained)
+    \\n\\n<information>Doc 1(Title: ...) ...\\n</information>\\n\\n                 observation (masked)
+    <think> {the sentence of the passages that names q2} I should search {q2}. </think>\\n<search> {q2} </search>
+    \\n\\n<information>...</information>\\n\\n
+    <think> {the sentence that holds the answer} </think>\\n<answer> {answer} </answer>
+
+(a sentence that is not found is left out: with a backend that finds nothing, the search-disabled control,
+the gold trajectory searches, reads nothing and answers.) Each turn and each observation is encoded on its
+own, exactly as the rollout encodes them (``EpisodeContext.observation_ids``), so a gold trajectory is a
+``Trajectory`` the trainer and the rewards read like any other. The tokens are never sampled: their
+``logprobs`` are 0 and the trainer must not treat them as on-policy (``searchr1.trainer.guidance``).
+
+A path is cut to ``rollout.max_turns`` searches, and a trajectory longer than ``rollout.max_response_tokens``
+is cut after its last whole turn that fits (``GoldTrajectory.cut``), never mid-turn.
+
+``GoldWriter.prefix`` is the gold path up to the end of the first ``<information>``: branched rollouts
+continue from it (``splice``: the prefix joins the continuation as observation tokens, not trained).
+
+    writer = GoldWriter(tokenizer, cfg.rollout, retriever, topk=cfg.retrieval.topk)
+    path = gold_path(sample)                      # None: the row names no gold passage
+    gold = writer.trajectory(prompt_ids, path, meta)
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from searchr1.data.prompts import (
+    ANSWER_CLOSE,
+    ANSWER_OPEN,
+    SEARCH_CLOSE,
+    SEARCH_OPEN,
+    THINK_CLOSE,
+    THINK_OPEN,
+)
+from searchr1.data.supporting import supporting_titles
+from searchr1.rollout.episode import EpisodeContext
+from searchr1.rollout.types import Role, Trajectory
+
+GOLD_PATH_KEYS = (
+    "metadata.supporting_titles, metadata.supporting_facts (HotpotQA / 2Wiki), "
+    "metadata.paragraphs[].is_supporting (MuSiQue) or metadata.hops (synthetic worlds), with golden_answers"
+)
+"""Where a row's gold path is read from (named in the message when no row has one)."""
+
+
+@dataclass(frozen=True)
+class GoldPath:
+    """What to search, in order, and what to answer."""
+
+    queries: tuple[str, ...]
+    answer: str
+
+
+def gold_path(sample: Any) -> GoldPath | None:
+    """The gold path of a dataset row (a ``searchr1.data.formats.Sample`` or a FlashRAG-style dict); None
+    when it names no gold passage or no golden answer."""
+    if isinstance(sample, Mapping):
+        metadata = sample.get("metadata") or {}
+        source = str(sample.get("data_source") or metadata.get("data_source") or "")
+        answers = sample.get("golden_answers") or []
+    else:
+        metadata = getattr(sample, "metadata", None) or {}
+        source = str(getattr(sample, "data_source", "") or "")
+        answers = getattr(sample, "golden_answers", None) or []
+    titles = supporting_titles(metadata, source)
+    answer = next((str(a).strip() for a in answers if str(a).strip()), "")
+    if not titles or not answer:
+        return None
+    return GoldPath(tuple(titles), answer)
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def sentence_naming(hits: Sequence[Any], phrase: str) -> str | None:
+    """The first sentence of the hits' texts that contains ``phrase`` (case-insensitive), else None."""
+    needle = phrase.casefold().strip()
+    if not needle:
+        return None
+    for hit in hits:
+        for sentence in _SENTENCE_END.split(str(_field(hit, "text")).strip()):
+            if needle in sentence.casefold():
+                return sentence.strip()
+    return None
+
+
+def _field(hit: Any, name: str) -> Any:
+    return hit.get(name, "") if isinstance(hit, Mapping) else getattr(hit, name, "")
+
+
+def search_turn_text(query: str, evidence: str | None) -> str:
+    """A gold search turn: the sentence that led to the query (if any), then the query."""
+    reason = f"{evidence} I should search {query}." if evidence else f"I should search {query}."
+    return f"{THINK_OPEN} {reason} {THINK_CLOSE}\n{SEARCH_OPEN} {query} {SEARCH_CLOSE}"
+
+
+def answer_turn_text(answer: str, evidence: str | None) -> str:
+    """The gold answer turn: the sentence that holds the answer (if any), then the answer."""
+    reason = evidence or f"The answer is {answer}."
+    return f"{THINK_OPEN} {reason} {THINK_CLOSE}\n{ANSWER_OPEN} {answer} {ANSWER_CLOSE}"
+
+
+@dataclass
+class GoldStep:
+    """One search of a gold path: the turn's tokens, its observation's, and what the search returned."""
+
+    query: str
+    turn_ids: list[int]
+    obs_ids: list[int]
+    documents: list[dict[str, Any]]
+    failed: bool = False
+    cut: bool = False
+
+
+@dataclass
+class GoldTrajectory:
+    trajectory: Trajectory
+    cut: bool = False
+    """The path was cut (more searches than ``max_turns``, or longer than ``max_response_tokens``)."""
+    searches: list[GoldStep] = field(default_factory=list)
+
+
+class GoldWriter:
+    """Writes gold trajectories and gold prefixes for one run (its tokenizer, rollout limits and search
+    backend). ``search`` failures become the rollout's failed-search observation."""
+
+    def __init__(self, tokenizer: Any, rollout_config: Any, retriever: Any, topk: int) -> None:
+        self.tokenizer = tokenizer
+        self.config = rollout_config
+        self.retriever = retriever
+        self.topk = topk
+        self.ctx = EpisodeContext(tokenizer, rollout_config, stop=None, max_turn_tokens=0, max_context=0)  # type: ignore[arg-type]
+
+    def encode(self, text: str) -> list[int]:
+        return self.ctx.encode(text)
+
+    def search(self, query: str, evidence: str | None) -> GoldStep:
+        """One gold search turn with its real observation."""
+        turn = self.encode(search_turn_text(query, evidence))
+        try:
+            hits = list(self.retriever.search([query], self.topk)[0])
+        except Exception:  # a failed search is an observation, as in the rollout
+            return GoldStep(query, turn, list(self.ctx.failed_ids), [], failed=True)
+        obs, cut = self.ctx.observation_ids(hits)
+        docs = [h.to_dict() if hasattr(h, "to_dict") else dict(h) for h in hits]
+        return GoldStep(query, turn, obs, docs, cut=cut)
+
+    def steps(self, path: GoldPath) -> tuple[list[GoldStep], bool]:
+        """The searches of ``path`` (at most ``max_turns``), each turn's reasoning naming what the previous
+        passages said of its query; and whether the path had to be cut to ``max_turns``."""
+        queries = path.queries[: max(0, int(self.config.max_turns))]
+        out: list[GoldStep] = []
+        for query in queries:
+            evidence = sentence_naming(out[-1].documents, query) if out else None
+            out.append(self.search(query, evidence))
+        return out, len(queries) < len(path.queries)
+
+    def prefix(self, path: GoldPath) -> GoldStep:
+        """The gold path up to the end of the first ``<information>`` (for branched rollouts)."""
+        return self.search(path.queries[0], None)
+
+    def trajectory(
+        self, prompt_ids: Sequence[int], path: GoldPath, meta: Mapping[str, Any]
+    ) -> GoldTrajectory:
+        """The whole gold trajectory after ``prompt_ids`` (``meta`` is carried, with ``guided: "gold"``)."""
+        steps, cut = self.steps(path)
+        answer_evidence = next(
+            (s for step in reversed(steps) if (s := sentence_naming(step.documents, path.answer))), None
+        )
+        final = self.encode(answer_turn_text(path.answer, answer_evidence))
+        budget = int(self.config.max_response_tokens)
+        traj = Trajectory(prompt_ids=list(prompt_ids), meta={**meta, "guided": "gold"})
+        used = 0
+        for step in steps:
+            if used + len(step.turn_ids) + len(step.obs_ids) + 1 > budget:
+                cut = True
+                break
+            _append(traj, step.turn_ids, Role.GENERATED)
+            traj.search_spans.append([used, used + len(step.turn_ids)])
+            _append(traj, step.obs_ids, Role.OBSERVATION)
+            used += len(step.turn_ids) + len(step.obs_ids)
+            traj.turns += 1
+            traj.searches += 1
+            traj.queries.append(step.query)
+            traj.documents.append(step.documents)
+            traj.search_failures += int(step.failed)
+            traj.obs_truncations += int(step.cut)
+        if used + len(final) <= budget:
+            _append(traj, final, Role.GENERATED)
+            traj.turns += 1
+            traj.finish_reason = "answer"
+        else:
+            cut = True
+            traj.finish_reason = "truncated"
+            traj.truncated = True
+        traj.response_text = self.tokenizer.decode(traj.response_ids, skip_special_tokens=True)
+        return GoldTrajectory(traj, cut, steps)
+
+
+def _append(traj: Trajectory, ids: Sequence[int], role: Role) -> None:
+    traj.response_ids.extend(int(i) for i in ids)
+    traj.roles.extend([int(role)] * len(ids))
+    traj.logprobs.extend([0.0] * len(ids))
+
+
+def prefix_meta(meta: Mapping[str, Any], prefix: GoldStep) -> dict[str, Any]:
+    """The meta of a continuation from ``prefix``: the rollout counts the prefix's turn and tokens against
+    ``max_turns`` and ``max_response_tokens`` (``Episode.start``)."""
+    return {**meta, "prefix_turns": 1, "prefix_tokens": len(prefix.turn_ids) + len(prefix.obs_ids)}
+
+
+def splice(
+    prefix: GoldStep, continuation: Trajectory, prompt_ids: Sequence[int], tokenizer: Any
+) -> Trajectory:
+    """A branched rollout as one trajectory after ``prompt_ids``: the gold prefix (its search turn and
+    observation, both as observation tokens: written, not sampled, never trained) then the continuation the
+    model generated from it (prompted with ``prompt_ids + prefix``)."""
+    head = list(prefix.turn_ids) + list(prefix.obs_ids)
+    shift = len(head)
+    meta = {k: v for k, v in continuation.meta.items() if k not in ("prefix_turns", "prefix_tokens")}
+    traj = Trajectory(
+        prompt_ids=list(prompt_ids),
+        response_ids=head + list(continuation.response_ids),
+        roles=[int(Role.OBSERVATION)] * shift + list(continuation.roles),
+        logprobs=[0.0] * shift + list(continuation.logprobs),
+        turns=continuation.turns,
+        searches=continuation.searches + 1,
+        invalid_actions=continuation.invalid_actions,
+        obs_truncations=continuation.obs_truncations + int(prefix.cut),
+        search_failures=continuation.search_failures + int(prefix.failed),
+        truncated=continuation.truncated,
+        finish_reason=continuation.finish_reason,
+        queries=[prefix.query, *continuation.queries],
+        documents=[list(prefix.documents), *continuation.documents],
+        search_spans=[[0, len(prefix.turn_ids)]]
+        + [[a + shift, b + shift] for a, b in continuation.search_spans],
+        timing=dict(continuation.timing),
+        meta={**meta, "guided": "branched", "guided_prefix_tokens": shift},
+    )
+    traj.response_text = tokenizer.decode(traj.response_ids, skip_special_tokens=True)
+    return traj

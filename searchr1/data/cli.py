@@ -1,4 +1,4 @@
-"""``searchr1 data synth | prepare | merge``: build the datasets the trainer and the evaluation read."""
+"""``searchr1 data synth | prepare | merge | hotpotqa``: build the datasets the trainer and the evaluation read."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from searchr1.data.formats import (
     write_parquet,
     write_samples,
 )
+from searchr1.data.hotpotqa import HotpotQAError, write_hotpotqa
 from searchr1.data.prompts import load_template
 from searchr1.data.synth import SynthConfig, generate_world, write_world
 from searchr1.errors import UserFacingError
@@ -33,6 +34,11 @@ EXAMPLES_PREPARE = """examples:
 EXAMPLES_MERGE = """examples:
   searchr1 data merge data/nq_train.parquet data/world_train.parquet --out data/train.parquet --shuffle --seed 0
   searchr1 data merge data/nq_test.parquet data/world/test.parquet --out data/test.parquet
+"""
+
+EXAMPLES_HOTPOTQA = """examples:
+  searchr1 data hotpotqa shared/data/hotpotqa-sample/train.jsonl shared/data/hotpotqa-sample/test.jsonl \\
+      --out data/hotpotqa        (train.jsonl, test.jsonl and corpus.jsonl)
 """
 
 
@@ -115,6 +121,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--template", default="base", help="template for rows without stored prompts")
     m.add_argument("--skip-bad", action="store_true", help="skip and count bad rows instead of stopping")
     m.set_defaults(func=_merge)
+
+    h = data_sub.add_parser(
+        "hotpotqa",
+        help="convert HotpotQA rows (its own format) to FlashRAG jsonl and a corpus of their paragraphs",
+        description="Each input file (HotpotQA's row format: question, answer, type, supporting_facts, context) "
+        "becomes <stem>.jsonl in FlashRAG form (the supporting titles kept in metadata, for the step reward and "
+        "guidance), and corpus.jsonl holds every distinct context paragraph of all inputs as one passage.",
+        epilog=EXAMPLES_HOTPOTQA,
+        formatter_class=fmt,
+    )
+    h.add_argument("inputs", nargs="+", help="HotpotQA .jsonl / .json files")
+    h.add_argument("--out", required=True, help="output folder")
+    h.set_defaults(func=_hotpotqa)
 
     def _usage(args: argparse.Namespace) -> int:
         p.print_help()
@@ -218,4 +237,15 @@ def _merge(args: argparse.Namespace) -> int:
     for path, g in zip(args.inputs, groups, strict=True):
         print(f"{path}: {len(g)} rows")
     print(f"wrote {len(merged)} rows with indices 0..{len(merged) - 1} to {out}")
+    return 0
+
+
+def _hotpotqa(args: argparse.Namespace) -> int:
+    try:
+        paths = write_hotpotqa(args.inputs, args.out)
+    except (HotpotQAError, OSError) as exc:
+        raise UserFacingError(str(exc)) from exc
+    for name, path in paths.items():
+        rows = sum(1 for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
+        print(f"wrote {name}: {path} ({rows} {'passages' if name == 'corpus' else 'questions'})")
     return 0

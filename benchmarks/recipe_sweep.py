@@ -1,13 +1,16 @@
 """The demo's recipe chosen on tuning seeds: each variant of the learning recipe trained on the same tuning
-seeds (worlds and RL seeds the demo never shows), compared by the mean and spread of their held-out gains.
+seeds (worlds and RL seeds the demo never shows), compared by the mean and spread of what they give.
 
-    python benchmarks/recipe_sweep.py --variants shipped credit --seeds 100 101 102 103 --runs /work/runs/sweep
+    python benchmarks/recipe_sweep.py --variants guided no-guidance --seeds 100 101 102 103 --runs /work/runs/sweep
 
 Each (variant, seeds) is one ``searchr1 demo --only search`` invocation (its command is recorded with the row);
-a finished invocation is reused, so the sweep resumes where it stopped. Results: one row per variant x seed
-(EM before and after, single- and multi-hop after, searches, the collapse guard's warnings, minutes) and one
-summary per variant (mean and sample standard deviation over the seeds), written to
-``benchmarks/results/recipe_sweep.json`` (``--out``).
+a finished invocation is reused, so the sweep resumes where it stopped. Every variant sets the whole recipe
+(``RECIPE`` plus its own keys) on top of the shipped config, so a later change of the shipped config does not
+change what a variant was. Results: one row per variant x seed (EM before and after, single- and multi-hop
+after, searches per kind, the second-search probe, the guided share, the collapse guard's warnings, minutes,
+the load average before and after) and one summary per variant (mean and sample standard deviation over the
+seeds), written to ``benchmarks/results/recipe_sweep.json`` (``--out``) with the rule that chooses (``RULE``,
+fixed before the sweep ran) and its verdict. Rows of earlier rounds are kept under ``earlier_rounds``.
 """
 
 from __future__ import annotations
@@ -23,80 +26,65 @@ import time
 from pathlib import Path
 from typing import Any
 
-HARNESS = ["trainer.val_every=4", "trainer.val_max_samples=32", "trainer.keep_best=val_em"]
-"""Every variant validates every 4 steps on 32 validation questions and ships the best validated policy."""
-FROM_START = ["trainer.val_before_train=true"]
-"""Variants named ``+v0`` also validate the starting policy, so a run that only got worse ships it (the first
-variants of the sweep ran without: a policy that collapsed before step 4 was shipped)."""
-CREDIT = [
-    "reward.structure_format_score=0.0",
-    "reward.final_format_score=0.0",
+RULE = (
+    "Fixed before the sweep: the variant with the highest mean over the tuning seeds of the kind-balanced "
+    "held-out EM after RL ((single-hop EM + multi-hop EM) / 2: a policy that answers two-hop questions and "
+    "still answers single-hop ones), among variants with no collapsed seed (searches per question after RL "
+    "< 0.5); a difference smaller than the standard error of the difference goes to the variant with the "
+    "higher mean multi-hop searches after RL. Tuning seeds only (100-103), never the demo's (0-2, 7, 8)."
+)
+HARNESS = [
+    "trainer.val_every=4",
+    "trainer.val_max_samples=32",
+    "trainer.val_balance_kinds=true",
+    "trainer.keep_best=val_em_by_kind",
+    "trainer.val_before_train=true",
+]
+"""Every variant validates the starting policy and every 4 steps on 16 single-hop and 16 multi-hop validation
+questions, and ships the policy with the best mean of the two EMs (the rule's own measure)."""
+RECIPE = [
+    "reward.components={search_r1: 1.0, gold_coverage: 0.3}",
+    "reward.structure_format_score=0.2",
+    "reward.final_format_score=0.1",
+    "reward.retrieval_score=0.2",
     "reward.step_gain=0.5",
     "reward.step_redundancy=0.1",
     "algorithm.step_credit_coef=1.0",
     "replay.enabled=true",
+    "data.max_train_samples=0",
 ]
-"""Step rewards for each search that finds a new gold passage (and a penalty for a search that finds only
-what earlier ones found), replay of successful trajectories, and no reward for the format alone (the
-structure score paid valid trajectories that never searched)."""
+"""What every variant shares: Search-R1's reward + gold coverage, step credit per search position, replay,
+the whole training split (340 questions, half two-hop)."""
+GUIDED = ["guidance.off_policy=1", "guidance.branched=1", "guidance.share=0.5", "guidance.decay_until=0.75"]
 
 VARIANTS: dict[str, dict[str, Any]] = {
-    "shipped": {"about": "the recipe shipped before this sweep (outcome-only Search-R1 reward)", "set": []},
-    "credit": {"about": "step rewards + replay, no format-only reward", "set": CREDIT},
-    "credit-slow": {
-        "about": "credit at half the learning rate for 20 steps",
-        "set": [*CREDIT, "trainer.actor_lr=5.0e-4"],
-        "steps": 20,
-    },
-    "credit-noreplay": {"about": "credit without replay", "set": [*CREDIT, "replay.enabled=false"]},
-    "shipped+v0": {"about": "shipped, the starting policy validated too", "set": FROM_START},
-    "coverage+v0": {
-        "about": "Search-R1's reward + gold_coverage 0.3 (the share of gold passages found) + step rewards + "
-        "replay on a pool of 48 training questions; the starting policy validated too",
-        "set": [
-            *FROM_START,
-            "reward.components={search_r1: 1.0, gold_coverage: 0.3}",
-            "reward.step_gain=0.5",
-            "reward.step_redundancy=0.1",
-            "algorithm.step_credit_coef=1.0",
-            "replay.enabled=true",
-            "data.max_train_samples=48",
-        ],
-    },
-    "credit-pool": {
-        "about": "credit with Search-R1's format scores kept, on a pool of 48 training questions (each drawn "
-        "twice in 12 steps, so that replay has successes to bring back)",
-        "set": [
-            *CREDIT,
-            "reward.structure_format_score=0.2",
-            "reward.final_format_score=0.1",
-            "data.max_train_samples=48",
-        ],
-    },
-    "credit-format": {
-        "about": "credit with Search-R1's format scores kept (0.2 structure, 0.1 final format)",
-        "set": [*CREDIT, "reward.structure_format_score=0.2", "reward.final_format_score=0.1"],
-    },
-}
+    "no-guidance": {"about": "the recipe without guidance (per-position step credit, replay, whole split)",
+                    "set": [*RECIPE, "trainer.actor_lr=5.0e-4"], "steps": 16},
+    "guided": {"about": "one gold trajectory and one rollout branched from the gold prefix per failed group, "
+                        "half of the trajectories at step 0, decaying to none at 3/4 of the steps",
+               "set": [*RECIPE, *GUIDED, "trainer.actor_lr=5.0e-4"], "steps": 16},
+    "guided-gold": {"about": "guided with gold trajectories only (two per failed group, no branched rollouts)",
+                    "set": [*RECIPE, *GUIDED, "guidance.off_policy=2", "guidance.branched=0",
+                            "trainer.actor_lr=5.0e-4"], "steps": 16},
+}  # fmt: skip
 
 
 def command(name: str, seeds: list[int], runs: Path, jobs: int) -> list[str]:
     spec = VARIANTS[name]
     cmd = [
         "searchr1", "demo", "--only", "search", "--seeds", *map(str, seeds), "--jobs", str(jobs),
-        "--nq-sample", "", "--out", str(runs / name),
+        "--nq-sample", "", "--hotpotqa-sample", "", "--out", str(runs / name),
     ]  # fmt: skip
     if spec.get("steps"):
         cmd += ["--steps", str(spec["steps"])]
     return cmd + HARNESS + list(spec["set"])
 
 
-def rows_of(name: str, summary: dict[str, Any], cmd: list[str]) -> list[dict[str, Any]]:
+def rows_of(name: str, summary: dict[str, Any], cmd: list[str], load: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for seed, s in summary["seeds"].items():
         run = s["runs"]["search"]
-        hops = run.get("by_hops", {})
-        multi = hops.get("multi-hop", {})
+        single, multi = s.get("em_single_after"), s.get("em_multi_after")
         out.append(
             {
                 "variant": name,
@@ -104,20 +92,36 @@ def rows_of(name: str, summary: dict[str, Any], cmd: list[str]) -> list[dict[str
                 "em_before": s["em_before"],
                 "em_after": s["em_after"],
                 "gain": s["em_after"] - s["em_before"],
-                "em_single_after": s.get("em_single_after"),
-                "em_multi_after": s.get("em_multi_after"),
+                "em_single_after": single,
+                "em_multi_after": multi,
+                "em_by_kind_after": (single + multi) / 2
+                if single is not None and multi is not None
+                else None,
                 "searches_before": s["searches_before"],
                 "searches_after": s["searches_after"],
-                "searches_multi_after": multi.get("searches_after"),
+                "searches_single_after": s.get("searches_single_after"),
+                "searches_multi_after": s.get("searches_multi_after"),
+                "valid_format_after": s.get("valid_format_after"),
+                "probe_before": s.get("probe_before"),
+                "probe_after": s.get("probe_after"),
+                "guided_share": s.get("guided_share"),
                 "best_step": (run.get("best") or {}).get("step"),
                 "warnings": [
                     w.get("pattern", w) if isinstance(w, dict) else w for w in run.get("health", [])
                 ],
                 "minutes": run.get("seconds", float("nan")) / 60,
                 "command": shlex.join(cmd),
+                "load_average": load,
             }
         )
     return out
+
+
+METRICS = (
+    "em_by_kind_after", "gain", "em_after", "em_single_after", "em_multi_after", "searches_after",
+    "searches_single_after", "searches_multi_after", "valid_format_after", "probe_before", "probe_after",
+    "guided_share",
+)  # fmt: skip
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -130,11 +134,38 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
     return {
         "seeds": sorted(r["seed"] for r in rows),
-        **{
-            k: stats(k)
-            for k in ("gain", "em_after", "em_multi_after", "searches_after", "searches_multi_after")
-        },
+        **{k: stats(k) for k in METRICS},
         "collapsed": sum(1 for r in rows if r["searches_after"] < 0.5),
+    }
+
+
+def choose(variants: dict[str, dict[str, Any]], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rule (``RULE``) applied: the eligible variants by the mean kind-balanced EM after, the standard
+    error of each difference from the best, and the choice."""
+    eligible = {v: s for v, s in variants.items() if s["collapsed"] == 0 and s.get("em_by_kind_after")}
+    if not eligible:
+        return {"chosen": None, "why": "no variant without a collapsed seed"}
+    ranked = sorted(eligible, key=lambda v: -eligible[v]["em_by_kind_after"]["mean"])
+    best = ranked[0]
+    by_seed = {v: {r["seed"]: r["em_by_kind_after"] for r in rows if r["variant"] == v} for v in ranked}
+    close = []
+    for other in ranked[1:]:
+        seeds = sorted(set(by_seed[best]) & set(by_seed[other]))
+        diffs = [by_seed[best][s] - by_seed[other][s] for s in seeds]
+        if len(diffs) > 1:
+            se = statistics.stdev(diffs) / len(diffs) ** 0.5
+            if statistics.fmean(diffs) < se:
+                close.append((other, statistics.fmean(diffs), se))
+    chosen = best
+    if close:
+        contenders = [best] + [c[0] for c in close]
+        chosen = max(contenders, key=lambda v: eligible[v]["searches_multi_after"]["mean"])
+    return {
+        "ranking": [(v, eligible[v]["em_by_kind_after"]["mean"]) for v in ranked],
+        "within_one_standard_error_of_the_best": [
+            {"variant": v, "difference": d, "se": se} for v, d, se in close
+        ],
+        "chosen": chosen,
     }
 
 
@@ -151,36 +182,49 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/recipe_sweep.json"))
     args = parser.parse_args()
     previous = json.loads(args.out.read_text()) if args.out.is_file() else {"rows": []}
+    if previous.get("rule") != RULE:  # a new round: the former one is kept apart
+        earlier = previous.get("earlier_rounds", [])
+        if previous.get("rows"):
+            earlier.append({k: previous[k] for k in previous if k != "earlier_rounds"})
+        previous = {"rows": [], "earlier_rounds": earlier}
     rows = [r for r in previous.get("rows", []) if r["variant"] not in args.variants]
     for name in args.variants:
         cmd = command(name, args.seeds, args.runs, args.jobs)
         summary_file = args.runs / name / "summary.json"
+        load_file = args.runs / name / "load_average.json"
         if not summary_file.is_file():
             print(f"sweep: {name}: {shlex.join(cmd)}", file=sys.stderr, flush=True)
-            t0 = time.time()
+            t0, before = time.time(), os.getloadavg()
             subprocess.run(cmd, check=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+            load_file.write_text(json.dumps({"before": before, "after": os.getloadavg()}) + "\n")
             print(f"sweep: {name} took {(time.time() - t0) / 60:.1f} min", file=sys.stderr, flush=True)
-        rows += rows_of(name, json.loads(summary_file.read_text()), cmd)
-    variants = sorted({r["variant"] for r in rows})
-    about = {v: {k: VARIANTS[v][k] for k in ("about", "set")} for v in variants if v in VARIANTS}
+        load = json.loads(load_file.read_text()) if load_file.is_file() else {}
+        rows += rows_of(name, json.loads(summary_file.read_text()), cmd, load)
+    names = sorted({r["variant"] for r in rows})
+    variants = {
+        v: {**{k: VARIANTS[v][k] for k in ("about", "set")}, "steps": VARIANTS[v].get("steps"),
+            **summarize([r for r in rows if r["variant"] == v])}
+        for v in names if v in VARIANTS
+    }  # fmt: skip
     result = {
         "about": __doc__.strip().splitlines()[0],
+        "rule": RULE,
         "harness": HARNESS,
-        "variants": {
-            v: {**about.get(v, {}), **summarize([r for r in rows if r["variant"] == v])} for v in variants
-        },
+        "recipe": RECIPE,
+        "variants": variants,
+        "verdict": choose(variants, rows),
         "rows": rows,
-        "load_average_at_end": os.getloadavg(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "earlier_rounds": previous.get("earlier_rounds", []),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
-    for v in variants:
-        s = result["variants"][v]
-        g, m = s["gain"], s.get("em_multi_after", {})
-        print(f"{v:16s} gain {g['mean']:+.3f} ± {g['std']:.3f} (min {g['min']:+.3f})  multi-hop after "
-              f"{m.get('mean', float('nan')):.3f}  searches after {s['searches_after']['mean']:.2f}  "
-              f"collapsed {s['collapsed']}/{len(s['seeds'])}")  # fmt: skip
+    for v, s in variants.items():
+        k, g, m = s["em_by_kind_after"], s["gain"], s.get("em_multi_after", {})
+        print(f"{v:14s} kind-balanced EM after {k['mean']:.3f} ± {k['std']:.3f}  gain {g['mean']:+.3f} ± "
+              f"{g['std']:.3f}  multi-hop after {m.get('mean', float('nan')):.3f}  searches/multi-hop "
+              f"{s['searches_multi_after'].get('mean', float('nan')):.2f}  collapsed {s['collapsed']}/{len(s['seeds'])}")  # fmt: skip
+    print(f"chosen by the rule: {result['verdict']['chosen']}")
     return 0
 
 

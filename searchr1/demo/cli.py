@@ -55,7 +55,7 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument(
         "--no-ablation",
         action="store_true",
-        help="skip the outcome-only ablation runs (the recipe with Search-R1's outcome reward alone)",
+        help="skip the ablation runs (the recipe without guidance, and with Search-R1's outcome reward alone)",
     )
     parser.add_argument("--no-zero-shot", action="store_true", help="skip the zero-shot prompt row")
     parser.add_argument(
@@ -78,6 +78,18 @@ def add_arguments(parser: Any) -> None:
         default=None,
         help="FlashRAG sample folder for the real-data evaluation (default: shared/data/flashrag-sample "
         "when found; '' for none)",
+    )
+    parser.add_argument(
+        "--hotpotqa-sample",
+        default=None,
+        help="HotpotQA sample folder (test.jsonl) for the transfer row (default: shared/data/hotpotqa-sample "
+        "when found; '' for none)",
+    )
+    parser.add_argument(
+        "--hotpotqa-questions",
+        type=int,
+        default=None,
+        help="the transfer row's questions: the first N HotpotQA test questions (default 128; 0: all 497)",
     )
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
     parser.add_argument(
@@ -104,8 +116,13 @@ def settings_from_args(args: argparse.Namespace) -> DemoSettings:
         steps=args.steps or settings.steps,
         no_search=settings.no_search and not args.no_control,
         outcome_only=settings.outcome_only and not args.no_ablation,
+        no_guidance=settings.no_guidance and not args.no_ablation,
         zero_shot_template="" if args.no_zero_shot else settings.zero_shot_template,
         nq_sample=settings.nq_sample if args.nq_sample is None else args.nq_sample,
+        hotpotqa_sample=settings.hotpotqa_sample if args.hotpotqa_sample is None else args.hotpotqa_sample,
+        hotpotqa_questions=settings.hotpotqa_questions
+        if args.hotpotqa_questions is None
+        else args.hotpotqa_questions,
         overrides=[*settings.overrides, *args.overrides],
         model=args.model,
         template=args.template,
@@ -118,6 +135,7 @@ def settings_from_args(args: argparse.Namespace) -> DemoSettings:
             settings,
             search="search" in args.only,
             no_search="no_search" in args.only,
+            no_guidance="no_guidance" in args.only,
             outcome_only="outcome_only" in args.only,
             zero_shot_template=zero_shot if "zero_shot" in args.only else "",
         )

@@ -16,30 +16,49 @@ from searchr1.report import build_report
 RUN_LABELS = (
     ("search", ""),
     ("search disabled", "no_search_"),
+    ("no guidance", "no_guidance_"),
     ("outcome-only", "outcome_only_"),
     ("zero-shot prompt", "zero_shot_"),
 )
 
 
+def _number(value: Any) -> float:
+    return math.nan if value is None else float(value)
+
+
+REAL_DATA = (
+    ("nq", "NQ sample (real questions, BM25 over the wiki-18 sample)"),
+    ("hotpotqa", "HotpotQA sample (transfer: real two-hop questions, BM25 over their context paragraphs)"),
+)
+
+
 def format_results(summary: dict[str, Any]) -> str:
     """The before/after table, one line per seed and run: EM overall, single- and multi-hop after RL,
-    searches per question, searches per multi-hop question, valid format after, and minutes."""
+    searches per single- and per multi-hop question after, the second-search probe before -> after, the
+    guided share of training, valid format after, and minutes."""
     head = (
         f"{'seed':>4}  {'run':<16} {'EM before':>9} {'EM after':>9} {'single':>6} {'multi':>6} "
-        f"{'search/q':>13} {'multi search/q':>14} {'valid after':>11} {'min':>5}"
+        f"{'search/q single':>15} {'search/q multi':>14} {'probe':>12} {'guided':>6} {'valid':>5} {'min':>5}"
     )
     lines = [head, "-" * len(head)]
     for seed, r in summary["seeds"].items():
         for label, p in RUN_LABELS:
             if f"{p}em_before" not in r:
                 continue
-            multi = f"{r.get(p + 'searches_multi_before', math.nan):.2f} -> {r.get(p + 'searches_multi_after', math.nan):.2f}"
+            get = lambda key: _number(r.get(p + key))  # noqa: B023, E731
+            single = f"{get('searches_single_before'):.2f} -> {get('searches_single_after'):.2f}"
+            multi = f"{get('searches_multi_before'):.2f} -> {get('searches_multi_after'):.2f}"
+            probe = f"{get('probe_before'):.2f} -> {get('probe_after'):.2f}"
             lines.append(
                 f"{seed:>4}  {label:<16} {r[p + 'em_before']:>9.3f} {r[p + 'em_after']:>9.3f} "
-                f"{r.get(p + 'em_single_after', math.nan):>6.3f} {r.get(p + 'em_multi_after', math.nan):>6.3f} "
-                f"{r[p + 'searches_before']:>5.2f} -> {r[p + 'searches_after']:<4.2f} {multi:>14} "
-                f"{r[p + 'valid_format_after']:>11.2f} {r.get(p + 'seconds', math.nan) / 60:>5.1f}"
+                f"{get('em_single_after'):>6.3f} {get('em_multi_after'):>6.3f} {single:>15} {multi:>14} "
+                f"{probe:>12} {r.get(p + 'guided_share', 0.0):>6.2f} {r[p + 'valid_format_after']:>5.2f} "
+                f"{get('seconds') / 60:>5.1f}"
             )
+    lines.append(
+        "probe: P(the next turn searches rather than answers) after the first gold search and its passage, "
+        "mean over the two-hop test questions; guided: share of training trajectories from the gold path"
+    )
     return "\n".join(lines)
 
 
@@ -83,8 +102,11 @@ def _mean_lines(m: dict[str, Any], seeds: int) -> list[str]:
             f"searches/question {m['searches_before']:.2f} -> {m['searches_after']:.2f} "
             f"(multi-hop {m.get('searches_multi_after', math.nan):.2f})"
         )
+    if "probe_before" in m and "probe_after" in m:
+        lines.append(f"second-search probe: {m['probe_before']:.3f} -> {m['probe_after']:.3f}")
     for prefix, label in (
         ("no_search_", "search disabled:       "),
+        ("no_guidance_", "no-guidance ablation:  "),
         ("outcome_only_", "outcome-only ablation: "),
         ("zero_shot_", "zero-shot prompt:      "),
     ):
@@ -107,15 +129,15 @@ def print_report(summary: dict[str, Any], out: Path, log: Callable[[str], None] 
     if any("by_relation" in r.get("runs", {}).get("search", {}) for r in summary["seeds"].values()):
         log(format_by_relation(summary))
     for seed, row in summary["seeds"].items():
-        nq = row.get("runs", {}).get("search", {}).get("nq")
-        if nq:
-            b, a = nq["before"], nq["after"]
-            log(
-                f"NQ sample (real questions, BM25 over the wiki-18 sample), seed {seed}'s policy: "
-                f"EM {b['em']:.3f} -> {a['em']:.3f}, F1 {b['f1']:.3f} -> {a['f1']:.3f}, searches/question "
-                f"{b['searches']:.2f} -> {a['searches']:.2f}, valid format {b['valid_format']:.2f} -> "
-                f"{a['valid_format']:.2f}"
-            )
+        for name, label in REAL_DATA:
+            data = row.get("runs", {}).get("search", {}).get(name)
+            if data:
+                b, a = data["before"], data["after"]
+                log(
+                    f"{label}, seed {seed}'s policy: EM {b['em']:.3f} -> {a['em']:.3f}, F1 {b['f1']:.3f} -> "
+                    f"{a['f1']:.3f}, searches/question {b['searches']:.2f} -> {a['searches']:.2f}, valid format "
+                    f"{b['valid_format']:.2f} -> {a['valid_format']:.2f}"
+                )
         for mode, run in row.get("runs", {}).items():
             for alert in run.get("health", []):
                 log(f"collapse guard, seed {seed} ({mode}): {alert['message']}")

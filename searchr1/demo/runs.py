@@ -44,12 +44,15 @@ from pathlib import Path
 from typing import Any
 
 from searchr1.demo.settings import (
+    HOTPOTQA_TEST,
+    NO_GUIDANCE_OVERRIDES,
     NQ_CORPUS,
     NQ_QUESTIONS,
     SUMMARY_FILE,
     ZERO_SHOT_PROMPT_FILE,
     DemoSettings,
     check_settings,
+    find_hotpotqa_sample,
     find_nq_sample,
     resolve_starting_model,
     rl_config,
@@ -154,22 +157,27 @@ def one_run(
     out: Path,
     prompt_path: Path,
     log: Callable[[str], None],
-    nq: tuple[list[Any], Any] | None = None,
+    real: dict[str, tuple[list[Any], Any]] | None = None,
     extra: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Evaluate, train, evaluate: one policy from the starting model with one search backend.
 
-    ``nq``: real questions and their retriever, evaluated before and after too (``eval_nq_*``)."""
+    ``real``: real questions and their retriever by name (``nq``, ``hotpotqa``), evaluated before and after
+    too (``eval_<name>_before`` / ``_after``)."""
     t0 = time.perf_counter()
+    real = real or {}
     train = _read_jsonl(world_files["train"])
     val = _read_jsonl(world_files["val"])
     test = _read_jsonl(world_files["test"])[: settings.num_test]
     trainer = demo_trainer(settings, seed, model_dir, retriever, train, val, out, prompt_path, extra)
     evals = {"before": evaluate_policy(trainer, test, out / "eval_before", str(prompt_path), seed)}
     log(f"  before: {_line(evals['before'], test, out / 'eval_before')}")
-    nq_before = _evaluate_nq(trainer, nq, out / "eval_nq_before", prompt_path, seed)
+    probe = {"before": _probe(trainer, test, prompt_path, retriever)}
+    log(f"  second-search probe before: {_probe_line(probe['before'])}")
+    real_before = {name: _evaluate_real(trainer, data, out / f"eval_{name}_before", prompt_path, seed)
+                   for name, data in real.items()}  # fmt: skip
     result = trainer.train()
-    best = trainer.restore_best() if trainer.cfg.trainer.keep_best == "val_em" else None
+    best = trainer.restore_best() if trainer.cfg.trainer.keep_best != "none" else None
     if best is not None:
         log(f"  the best validated policy is evaluated: step {best['step']} (validation EM {best['em']:.3f})")
     if result.get("updates", 1):
@@ -181,7 +189,10 @@ def one_run(
         evals["after"] = evals["before"]
         log("  no update was made (every group's rewards were equal): the policy is the starting one")
     log(f"  after:  {_line(evals['after'], test, out / 'eval_after')}")
-    nq_after = _evaluate_nq(trainer, nq, out / "eval_nq_after", prompt_path, seed)
+    probe["after"] = _probe(trainer, test, prompt_path, retriever)
+    log(f"  second-search probe after: {_probe_line(probe['after'])}")
+    real_after = {name: _evaluate_real(trainer, data, out / f"eval_{name}_after", prompt_path, seed)
+                  for name, data in real.items()}  # fmt: skip
     curve = reward_curve(out / "metrics.jsonl")
     before_path, after_path = (out / f"eval_{w}" / "trajectories.jsonl" for w in ("before", "after"))
     row = {
@@ -195,17 +206,62 @@ def one_run(
         "steps": result.get("step"),
         "updates": result.get("updates"),
         "best": best,
+        "probe": {when: {k: v for k, v in p.items() if k != "rows"} for when, p in probe.items()},
+        "training": training_means(out / "metrics.jsonl"),
         "health": result.get("health", []),
         "plots": result.get("plots", []),
         "seconds": time.perf_counter() - t0,
     }
-    if nq_before is not None and nq_after is not None:
-        row["nq"] = {"before": overall(nq_before), "after": overall(nq_after)}
-        b, a = row["nq"]["before"], row["nq"]["after"]
-        log(f"  NQ sample: EM {b['em']:.3f} -> {a['em']:.3f}, searches/question {b['searches']:.2f} -> "
-            f"{a['searches']:.2f}, valid format {b['valid_format']:.2f} -> {a['valid_format']:.2f}")  # fmt: skip
+    for name in real:
+        row[name] = {"before": overall(real_before[name]), "after": overall(real_after[name])}
+        b, a = row[name]["before"], row[name]["after"]
+        log(f"  {REAL_LABELS.get(name, name)}: EM {b['em']:.3f} -> {a['em']:.3f}, F1 {b['f1']:.3f} -> {a['f1']:.3f}, "
+            f"searches/question {b['searches']:.2f} -> {a['searches']:.2f}, valid format "
+            f"{b['valid_format']:.2f} -> {a['valid_format']:.2f}")  # fmt: skip
+    (out / "probe.json").write_text(json.dumps(probe, indent=1) + "\n")
     del trainer  # the next run loads its own copy: free this one's weights and caches first
     return row
+
+
+REAL_LABELS = {"nq": "NQ sample", "hotpotqa": "HotpotQA sample (transfer)"}
+
+
+def _probe(trainer: Any, test: list[dict], prompt_path: Path, retriever: Any) -> dict[str, Any]:
+    """The second-search probe (``searchr1.evaluation.probe``) of the trainer's policy on the test's
+    multi-hop questions, with the run's own search backend."""
+    from searchr1.evaluation.probe import second_search_probe
+    from searchr1.rollout.gold import GoldWriter
+
+    cfg = trainer.cfg
+    writer = GoldWriter(trainer.tokenizer, cfg.rollout, retriever, cfg.retrieval.topk)
+    with trainer._autocast():
+        return second_search_probe(trainer.policy, trainer.tokenizer, test, str(prompt_path), writer)
+
+
+def _probe_line(probe: dict[str, Any]) -> str:
+    if not probe["questions"]:
+        return "no two-hop test question"
+    return (f"P(search | after the first passage) {probe['second_search_p']:.3f} over {probe['questions']} "
+            f"two-hop questions, greedy searches again on {probe['greedy_search_share']:.2f}")  # fmt: skip
+
+
+def training_means(metrics_path: Path) -> dict[str, float]:
+    """Means over the run's steps of the guided share and the second-search rate of the two-hop questions'
+    fresh rollouts (``guidance/share``, ``rollout/second_search_rate``; first and last quarter for the
+    rate)."""
+    from searchr1.trainer.tracking import read_metrics
+
+    rows = [r for r in read_metrics(metrics_path) if "reward/mean" in r] if metrics_path.is_file() else []
+    out: dict[str, float] = {}
+    shares = [r["guidance/share"] for r in rows if "guidance/share" in r]
+    if shares:
+        out["guided_share"] = sum(shares) / len(shares)
+    rates = [r["rollout/second_search_rate"] for r in rows if "rollout/second_search_rate" in r]
+    if rates:
+        quarter = max(1, len(rates) // 4)
+        out["second_search_rate_first"] = sum(rates[:quarter]) / quarter
+        out["second_search_rate_last"] = sum(rates[-quarter:]) / quarter
+    return out
 
 
 def _line(summary: dict[str, Any], samples: list[dict], folder: Path) -> str:
@@ -215,16 +271,14 @@ def _line(summary: dict[str, Any], samples: list[dict], folder: Path) -> str:
     return f"EM {o['em']:.3f} ({parts})  searches/question {o['searches']:.2f}  valid format {o['valid_format']:.2f}"
 
 
-def _evaluate_nq(
-    trainer: Any, nq: tuple[list[Any], Any] | None, out: Path, prompt_path: Path, seed: int
-) -> dict[str, Any] | None:
-    """The policy on the real questions, searching their corpus (an engine of its own on the trainer's
+def _evaluate_real(
+    trainer: Any, data: tuple[list[Any], Any], out: Path, prompt_path: Path, seed: int
+) -> dict[str, Any]:
+    """The policy on real questions, searching their own corpus (an engine of its own on the trainer's
     policy: an engine's retriever is given when it is built, never swapped)."""
-    if nq is None:
-        return None
     from searchr1.rollout.registry import build_engine
 
-    samples, retriever = nq
+    samples, retriever = data
     with build_engine(trainer.cfg, trainer.policy, trainer.tokenizer, retriever) as engine:
         return evaluate_policy(trainer, samples, out, str(prompt_path), seed, engine=engine)
 
@@ -240,30 +294,47 @@ def load_nq(folder: Path | None) -> tuple[list[Any], Any] | None:
     )
 
 
+def load_hotpotqa(folder: Path | None, questions: int = 0) -> tuple[list[Any], Any] | None:
+    """The HotpotQA sample's test questions (the first ``questions``; 0: all) and a BM25 retriever over their
+    own context paragraphs."""
+    if folder is None:
+        return None
+    from searchr1.data.hotpotqa import flashrag_row, hotpotqa_corpus, read_raw
+    from searchr1.retrieval.bm25 import BM25Retriever
+    from searchr1.retrieval.corpus import Document, split_contents
+
+    raw = read_raw(folder / HOTPOTQA_TEST)[: questions or None]
+    corpus = [Document(p["id"], *split_contents(p["contents"])) for p in hotpotqa_corpus(raw)]
+    return [flashrag_row(r) for r in raw], BM25Retriever.from_documents(corpus)
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """One training run of the demo: a seed's world, a search backend and a prompt."""
 
     seed: int
     mode: str
-    """search | no_search (a backend that finds nothing) | outcome_only (the recipe with
-    ``settings.outcome_only_overrides``) | zero_shot (the zero-shot prompt)."""
+    """search | no_search (a backend that finds nothing) | no_guidance (the recipe with
+    ``NO_GUIDANCE_OVERRIDES``) | outcome_only (the recipe with ``settings.outcome_only_overrides``) |
+    zero_shot (the zero-shot prompt)."""
     prompt: Path
     label: str
-    with_nq: bool = False
-    """Also evaluate on the real NQ sample before and after (the first seed's search run)."""
+    with_real: bool = False
+    """Also evaluate on the real samples (NQ, HotpotQA) before and after (the first seed's search run)."""
 
 
 def plan_runs(settings: DemoSettings, out: Path, prompt_path: Path) -> list[RunSpec]:
-    """Every run of the demo, seed by seed: search, the control, the outcome-only ablation, then (first
-    seed) zero-shot."""
+    """Every run of the demo, seed by seed: search, the control, the two ablations (no guidance, outcome
+    only), then (first seed) zero-shot."""
     plan = []
     for seed in settings.seeds:
         first = seed == settings.seeds[0]
         if settings.search:
-            plan.append(RunSpec(seed, "search", prompt_path, "BM25 search", with_nq=first))
+            plan.append(RunSpec(seed, "search", prompt_path, "BM25 search", with_real=first))
         if settings.no_search:
             plan.append(RunSpec(seed, "no_search", prompt_path, "search disabled"))
+        if settings.no_guidance:
+            plan.append(RunSpec(seed, "no_guidance", prompt_path, "BM25 search, no guidance (the ablation)"))
         if settings.outcome_only:
             label = "BM25 search, outcome-only reward (the ablation)"
             plan.append(RunSpec(seed, "outcome_only", prompt_path, label))
@@ -282,7 +353,7 @@ def execute_run(
     settings: DemoSettings,
     out: Path,
     model_dir: Path,
-    nq_folder: Path | None,
+    real_folders: dict[str, Path],
     log: Callable[[str], None],
     parallel: bool = False,
 ) -> dict[str, Any]:
@@ -291,17 +362,20 @@ def execute_run(
 
     files = world_files(out / f"seed_{spec.seed}" / "world")
     retriever = NoSearch() if spec.mode == "no_search" else build_bm25(files["corpus"])
-    nq = load_nq(nq_folder) if spec.with_nq else None
+    loaders = {"nq": load_nq, "hotpotqa": lambda folder: load_hotpotqa(folder, settings.hotpotqa_questions)}
+    real = {name: loaders[name](folder) for name, folder in real_folders.items()} if spec.with_real else {}
     name = f"seed {spec.seed} {spec.mode}"
     extra = ["trainer.progress_lines=true", f"trainer.progress_label={name}"] if parallel else []
     if spec.mode == "outcome_only":  # last: the ablation's keys win over the user's overrides
         extra += settings.outcome_only_overrides
+    if spec.mode == "no_guidance":
+        extra += NO_GUIDANCE_OVERRIDES
     torch.manual_seed(spec.seed)
     log(f"seed {spec.seed}: RL with {spec.label}")
     prefix = f"[{name}] " if parallel else ""
     return one_run(
         settings, spec.seed, model_dir, files, retriever, out / f"seed_{spec.seed}" / spec.mode, spec.prompt,
-        lambda line: log(prefix + line), nq=nq, extra=extra,
+        lambda line: log(prefix + line), real={k: v for k, v in real.items() if v is not None}, extra=extra,
     )  # fmt: skip
 
 
@@ -335,9 +409,18 @@ def run_learning_demo(
     prompt_path = check_settings(out, settings)  # every setting checked before anything is written
     model_dir = resolve_starting_model(settings.model)
     log(f"starting model: {settings.model} ({model_dir})")
-    nq_folder = find_nq_sample(settings.nq_sample)
-    if settings.nq_sample == "auto" and nq_folder is None:
+    real_folders = {
+        name: folder
+        for name, folder in (
+            ("nq", find_nq_sample(settings.nq_sample)),
+            ("hotpotqa", find_hotpotqa_sample(settings.hotpotqa_sample)),
+        )
+        if folder is not None
+    }
+    if settings.nq_sample == "auto" and "nq" not in real_folders:
         log("NQ sample not found (shared/data/flashrag-sample): the real-data evaluation is skipped")
+    if settings.hotpotqa_sample == "auto" and "hotpotqa" not in real_folders:
+        log("HotpotQA sample not found (shared/data/hotpotqa-sample): the transfer row is skipped")
     for seed in settings.seeds:
         build_world(seed, settings, out / f"seed_{seed}" / "world")
     plan = plan_runs(settings, out, prompt_path)
@@ -356,7 +439,7 @@ def run_learning_demo(
     jobs = max(1, min(settings.jobs, len(plan)))
     if jobs == 1:
         for spec in plan:
-            done(spec, execute_run(spec, settings, out, model_dir, nq_folder, log))
+            done(spec, execute_run(spec, settings, out, model_dir, real_folders, log))
             gc.collect()
     else:
         import multiprocessing as mp
@@ -375,7 +458,7 @@ def run_learning_demo(
             cores.put(set(available[j * per : (j + 1) * per]) or set(available))
         with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_pin_worker, initargs=(cores,)) as pool:
             futures = {
-                pool.submit(execute_run, spec, settings, out, model_dir, nq_folder, _stderr, True): spec
+                pool.submit(execute_run, spec, settings, out, model_dir, real_folders, _stderr, True): spec
                 for spec in plan
             }
             for future in as_completed(futures):

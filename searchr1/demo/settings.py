@@ -18,18 +18,25 @@ NQ_QUESTIONS, NQ_CORPUS = "nq_test_sample.jsonl", "wiki18_sample_corpus.jsonl"
 SUMMARY_FILE = "summary.json"
 DEFAULT_TEMPLATE = "instruct_2hop"
 """The demo's prompt: Search-R1's instruction and two two-search worked examples."""
+NO_GUIDANCE_OVERRIDES: tuple[str, ...] = ("guidance.off_policy=0", "guidance.branched=0")
+"""What turns the demo's recipe into the ``no_guidance`` ablation: the same recipe without guidance from the
+gold path (no gold trajectories, no branched rollouts); applied after every other override."""
 OUTCOME_ONLY_OVERRIDES: tuple[str, ...] = (
     "reward.components={search_r1: 1.0}",
     "reward.step_gain=0.0",
     "reward.step_redundancy=0.0",
     "replay.enabled=false",
+    *NO_GUIDANCE_OVERRIDES,
 )
 """What turns the demo's recipe into the outcome-only ablation: the plain Search-R1 reward, without the
-gold-coverage term, without the step rewards (credit for each search) and without the replay of successful
-trajectories; dotted config overrides applied after every other one."""
-RUN_NAMES = ("search", "no_search", "outcome_only", "zero_shot")
-"""The runs of a seed (``--only``): the recipe; its search-disabled control; the outcome-only
-ablation; the zero-shot prompt (first seed)."""
+gold-coverage term, without the step rewards (credit for each search), without the replay of successful
+trajectories and without guidance; dotted config overrides applied after every other one."""
+RUN_NAMES = ("search", "no_search", "no_guidance", "outcome_only", "zero_shot")
+"""The runs of a seed (``--only``): the recipe; its search-disabled control (the same recipe, its guidance
+built from its own empty search results); the recipe without guidance; the outcome-only ablation; the
+zero-shot prompt (first seed)."""
+HOTPOTQA_TEST = "test.jsonl"
+"""The HotpotQA sample's test questions (``shared/data/hotpotqa-sample``), the transfer row's."""
 
 
 @dataclass
@@ -64,6 +71,8 @@ class DemoSettings:
     """Run the recipe with search (the demo's main run; ``False`` only to run a control alone)."""
     no_search: bool = True
     """Also run the search-disabled control."""
+    no_guidance: bool = True
+    """Also run the recipe without guidance from the gold path (``NO_GUIDANCE_OVERRIDES``)."""
     outcome_only: bool = True
     """Also run the outcome-only ablation: the recipe with ``outcome_only_overrides``."""
     outcome_only_overrides: list[str] = field(default_factory=lambda: list(OUTCOME_ONLY_OVERRIDES))
@@ -74,6 +83,12 @@ class DemoSettings:
     """Folder of the FlashRAG sample (``nq_test_sample.jsonl``, ``wiki18_sample_corpus.jsonl``) the first
     seed's policy is evaluated on; ``auto`` looks for ``shared/data/flashrag-sample`` beside or above
     the working directory and this package; ``""``: none."""
+    hotpotqa_sample: str = "auto"
+    """Folder of the HotpotQA sample (``test.jsonl`` in HotpotQA's format): the first seed's policy, before and
+    after RL, answers its test questions searching BM25 over their own context paragraphs (the transfer row);
+    ``auto`` looks for ``shared/data/hotpotqa-sample`` as ``nq_sample`` does; ``""``: none."""
+    hotpotqa_questions: int = 128
+    """The transfer row's questions: the first N of the sample's test questions (0: all 497)."""
     overrides: list[str] = field(default_factory=list)
     """Extra dotted config overrides for the RL runs (``rollout.n=4`` ...)."""
     jobs: int = 1
@@ -82,8 +97,9 @@ class DemoSettings:
     @classmethod
     def quick_settings(cls) -> DemoSettings:
         return cls(
-            seeds=(0,), num_test=48, no_search=False, outcome_only=False, zero_shot_template="", nq_sample=""
-        )
+            seeds=(0,), num_test=48, no_search=False, no_guidance=False, outcome_only=False,
+            zero_shot_template="", nq_sample="", hotpotqa_sample="",
+        )  # fmt: skip
 
 
 def rl_config(
@@ -145,10 +161,13 @@ def validate_settings(settings: DemoSettings) -> None:
 
     if not settings.seeds:
         raise ValueError("--seeds: at least one seed is needed")
-    if not (settings.search or settings.no_search or settings.outcome_only or settings.zero_shot_template):
+    runs = (settings.search, settings.no_search, settings.no_guidance, settings.outcome_only)
+    if not (any(runs) or settings.zero_shot_template):
         raise ValueError("no run left to do (every run of a seed is turned off)")
     if settings.num_test < 1:
         raise ValueError(f"--num-test must be >= 1, got {settings.num_test}")
+    if settings.hotpotqa_questions < 0:
+        raise ValueError(f"--hotpotqa-questions must be >= 0, got {settings.hotpotqa_questions}")
     if settings.jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {settings.jobs}")
     for flag, template in (
@@ -176,6 +195,11 @@ def validate_settings(settings: DemoSettings) -> None:
             raise ValueError(f"outcome_only_overrides: {exc}") from None
     if settings.nq_sample not in ("", "auto") and not Path(settings.nq_sample).is_dir():
         raise ValueError(f"--nq-sample: no folder {settings.nq_sample}")
+    if (
+        settings.hotpotqa_sample not in ("", "auto")
+        and not (Path(settings.hotpotqa_sample) / HOTPOTQA_TEST).is_file()
+    ):
+        raise ValueError(f"--hotpotqa-sample: no {HOTPOTQA_TEST} in {settings.hotpotqa_sample}")
     resolve_starting_model(settings.model)
 
 
@@ -203,13 +227,24 @@ def check_settings(out: Path, settings: DemoSettings) -> Path:
 
 def find_nq_sample(setting: str) -> Path | None:
     """The FlashRAG sample folder of ``DemoSettings.nq_sample`` (None when absent or turned off)."""
+    return _find_shared(setting, "flashrag-sample", (NQ_QUESTIONS, NQ_CORPUS))
+
+
+def find_hotpotqa_sample(setting: str) -> Path | None:
+    """The HotpotQA sample folder of ``DemoSettings.hotpotqa_sample`` (None when absent or turned off)."""
+    return _find_shared(setting, "hotpotqa-sample", (HOTPOTQA_TEST,))
+
+
+def _find_shared(setting: str, name: str, files: Sequence[str]) -> Path | None:
+    """``setting`` as a folder; ``auto``: ``shared/data/<name>`` beside or above the working directory or
+    this package, holding ``files``; ``""``: None."""
     if not setting:
         return None
     if setting != "auto":
         return Path(setting)
     here = Path(__file__).resolve().parent
     for folder in (Path.cwd(), *Path.cwd().parents, *here.parents):
-        candidate = folder / "shared" / "data" / "flashrag-sample"
-        if (candidate / NQ_QUESTIONS).is_file() and (candidate / NQ_CORPUS).is_file():
+        candidate = folder / "shared" / "data" / name
+        if all((candidate / f).is_file() for f in files):
             return candidate
     return None

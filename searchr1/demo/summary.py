@@ -16,6 +16,7 @@ from searchr1.trainer.tracking import read_metrics
 RUN_MODES = (
     ("search", ""),
     ("no_search", "no_search_"),
+    ("no_guidance", "no_guidance_"),
     ("outcome_only", "outcome_only_"),
     ("zero_shot", "zero_shot_"),
 )
@@ -88,9 +89,10 @@ def overall(summary: dict[str, Any]) -> dict[str, float]:
 
 def flat_row(row: dict[str, Any]) -> dict[str, Any]:
     """The per-seed keys of summary.json: EM, F1, searches, valid format before and after, single- and
-    multi-hop EM and searches, for the search run (no prefix), the control (``no_search_``, also
-    nested under ``no_search``), the outcome-only ablation (``outcome_only_``) and the zero-shot row
-    (``zero_shot_``)."""
+    multi-hop EM and searches, the second-search probe before and after (``probe_before`` / ``probe_after``),
+    the guided share and second-search rate of training (``guided_share``, ``second_search_rate_first`` /
+    ``_last``), for the search run (no prefix), the control (``no_search_``, also nested under
+    ``no_search``), the ablations (``no_guidance_``, ``outcome_only_``) and the zero-shot row (``zero_shot_``)."""
     flat: dict[str, Any] = {}
     for mode, prefix in RUN_MODES:
         if mode not in row:
@@ -106,6 +108,10 @@ def flat_row(row: dict[str, Any]) -> dict[str, Any]:
                 flat[f"{prefix}{metric}_{key}_after"] = g[f"{metric}_after"]
         flat[f"{prefix}reward_first"] = r["reward_first"]
         flat[f"{prefix}reward_last"] = r["reward_last"]
+        for when, probe in r.get("probe", {}).items():
+            flat[f"{prefix}probe_{when}"] = probe.get("second_search_p")
+        for key, value in r.get("training", {}).items():
+            flat[f"{prefix}{key}"] = value
         flat[f"{prefix}seconds"] = r.get("seconds", math.nan)
     flat["no_search"] = {
         k[len("no_search_") :]: v

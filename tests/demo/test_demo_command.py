@@ -1,6 +1,6 @@
-"""``searchr1 demo`` through the command line on the tiny model: summary.json and the console, the
-outcome-only ablation (the recipe with its overrides), the collapse guard's warning carried into
-summary.json, ``--only``, and bad settings that leave nothing built and name the key."""
+"""``searchr1 demo`` through the command line on the tiny model: summary.json and the console, the shipped
+ablations (no guidance, outcome only), the collapse guard's warning carried into summary.json, ``--only``,
+and bad settings that leave nothing built and name the key."""
 
 from __future__ import annotations
 
@@ -16,10 +16,11 @@ from searchr1.demo import settings as demo_settings
 
 TINY = [
     "--seeds", "3", "--num-test", "4", "--template", "base", "--no-zero-shot", "--nq-sample", "",
-    "--threads", "1", "trainer.batch_size=2", "trainer.mini_batch_size=2", "rollout.n=2",
+    "--hotpotqa-sample", "", "--threads", "1", "trainer.batch_size=2", "trainer.mini_batch_size=2", "rollout.n=3",
     "rollout.max_turn_tokens=16", "trainer.progress_bar=false",
 ]  # fmt: skip
-"""A demo of one seed, 4 test questions, 2 RL steps of 2 x 2 trajectories (add --model)."""
+"""A demo of one seed, 4 test questions, 2 RL steps of 2 x 3 trajectories (add --model; groups of 3: the
+recipe's guidance takes two places of a failed group)."""
 
 
 def flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -36,19 +37,17 @@ def records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
-def test_the_demo_command_writes_summary_json_with_the_ablation(
-    tmp_path, tiny_model_dir, capsys, monkeypatch, one_thread
-):
-    """The ablation is the recipe with ``OUTCOME_ONLY_OVERRIDES`` applied last (here a stand-in key of
-    today's recipe, set otherwise by the user): its config differs from the search run's there only."""
-    monkeypatch.setattr(demo_settings, "OUTCOME_ONLY_OVERRIDES", ("reward.retrieval_score=0.0",))
+def test_the_demo_command_writes_summary_json_with_both_ablations(tmp_path, tiny_model_dir, capsys, one_thread):
+    """The shipped ablations run: ``no_guidance`` is the recipe without guidance, ``outcome_only`` the recipe
+    with Search-R1's reward alone; each run's config differs from the recipe's in exactly those keys (the
+    values written out here, not read from the constants that set them)."""
     out = tmp_path / "demo"
     argv = ["demo", "--out", str(out), "--model", str(tiny_model_dir), "--steps", "2", *TINY]
-    assert main([*argv, "reward.retrieval_score=0.1"]) == 0
+    assert main(argv) == 0
     printed = capsys.readouterr().out
     summary = json.loads((out / "summary.json").read_text())
     row = summary["seeds"]["3"]
-    assert list(row["runs"]) == ["search", "no_search", "outcome_only"]
+    assert list(row["runs"]) == ["search", "no_search", "no_guidance", "outcome_only"]
     for mode, run in row["runs"].items():
         assert run["steps"] == 2 and len(run["reward_curve"]) == 2, mode
         for when in ("before", "after"):  # the numbers are those of the evaluation files
@@ -60,28 +59,37 @@ def test_the_demo_command_writes_summary_json_with_the_ablation(
         metric, when = key.split("_")
         assert row[key] == row["runs"]["search"][when][metric]
         assert row["no_search"][key] == row["runs"]["no_search"][when][metric]
-        assert row[f"outcome_only_{key}"] == row["runs"]["outcome_only"][when][metric]
-        assert summary["mean"][f"outcome_only_{key}"] == row[f"outcome_only_{key}"]  # one seed
+        for ablation in ("no_guidance", "outcome_only"):
+            assert row[f"{ablation}_{key}"] == row["runs"][ablation][when][metric]
+            assert summary["mean"][f"{ablation}_{key}"] == row[f"{ablation}_{key}"]  # one seed
     # the same starting model, world and greedy decoding: every run starts from the same numbers
-    assert (
-        row["em_before"] == row["outcome_only_em_before"]
-        and row["searches_before"] == row["outcome_only_searches_before"]
-    )
-    assert summary["settings"]["outcome_only"] and summary["settings"]["outcome_only_overrides"] == [
-        "reward.retrieval_score=0.0"
-    ]
+    assert row["em_before"] == row["outcome_only_em_before"] == row["no_guidance_em_before"]
 
-    recipe = flat(yaml.safe_load((out / "seed_3" / "search" / "config.yaml").read_text()))
-    ablation = flat(yaml.safe_load((out / "seed_3" / "outcome_only" / "config.yaml").read_text()))
-    differ = {k for k in recipe.keys() | ablation.keys() if recipe.get(k) != ablation.get(k)}
-    assert differ == {"trainer.out_dir", "reward.retrieval_score"}
-    assert (recipe["reward.retrieval_score"], ablation["reward.retrieval_score"]) == (0.1, 0.0)
+    def config(mode: str) -> dict[str, Any]:
+        return flat(yaml.safe_load((out / "seed_3" / mode / "config.yaml").read_text()))
+
+    recipe, no_guidance, outcome_only = config("search"), config("no_guidance"), config("outcome_only")
+    assert recipe["guidance.off_policy"] >= 1 and recipe["replay.enabled"] and recipe["reward.step_gain"] > 0
+    differ = {k for k in recipe.keys() | no_guidance.keys() if recipe.get(k) != no_guidance.get(k)}
+    assert differ == {"trainer.out_dir", "guidance.off_policy", "guidance.branched"}
+    assert (no_guidance["guidance.off_policy"], no_guidance["guidance.branched"]) == (0, 0)
+    differ = {k for k in recipe.keys() | outcome_only.keys() if recipe.get(k) != outcome_only.get(k)}
+    assert differ == {
+        "trainer.out_dir", "reward.components.gold_coverage", "reward.step_gain", "reward.step_redundancy",
+        "replay.enabled", "guidance.off_policy", "guidance.branched",
+    }  # fmt: skip
+    assert outcome_only["reward.components.search_r1"] == 1.0 and "reward.components.gold_coverage" not in outcome_only
+    assert (outcome_only["reward.step_gain"], outcome_only["reward.step_redundancy"]) == (0.0, 0.0)
+    assert outcome_only["replay.enabled"] is False
+    assert (outcome_only["guidance.off_policy"], outcome_only["guidance.branched"]) == (0, 0)
 
     table = printed.splitlines()
     assert any(line.split()[:2] == ["3", "search"] for line in table)
     assert any(line.split()[:3] == ["3", "search", "disabled"] for line in table)
+    assert any(line.split()[:3] == ["3", "no", "guidance"] for line in table)
     assert any(line.split()[:2] == ["3", "outcome-only"] for line in table)
     assert any(line.startswith("outcome-only ablation:  EM") for line in table)
+    assert any(line.startswith("no-guidance ablation:   EM") for line in table)
     assert f"summary: {out / 'summary.json'}" in printed
 
 
@@ -101,7 +109,9 @@ def test_the_collapse_guard_reaches_summary_json_and_the_console(
     run = json.loads((out / "summary.json").read_text())["seeds"]["3"]["runs"]["search"]
     assert list(json.loads((out / "summary.json").read_text())["seeds"]["3"]["runs"]) == ["search"]
     assert [(a["step"], a["pattern"]) for a in run["health"]] == [(step, "searching_stopped")]
-    metrics = [m for m in records(out / "seed_3" / "search" / "metrics.jsonl") if m["step"] > 0]  # 0: validation
+    metrics = [
+        m for m in records(out / "seed_3" / "search" / "metrics.jsonl") if m["step"] > 0
+    ]  # 0: validation
     assert [m["health/searching_stopped"] for m in metrics] == [0.0] * (step - 1) + [1.0]
     assert f"collapse guard, seed 3 (search): {run['health'][0]['message']}" in printed
 
@@ -120,8 +130,8 @@ def test_only_picks_the_runs_of_a_seed():
         return [(r.seed, r.mode) for r in plan_runs(settings, Path("out"), Path("out/prompt.json"))]
 
     assert modes("--seeds", "0", "1") == [
-        (0, "search"), (0, "no_search"), (0, "outcome_only"), (0, "zero_shot"),
-        (1, "search"), (1, "no_search"), (1, "outcome_only"),
+        (0, "search"), (0, "no_search"), (0, "no_guidance"), (0, "outcome_only"), (0, "zero_shot"),
+        (1, "search"), (1, "no_search"), (1, "no_guidance"), (1, "outcome_only"),
     ]  # fmt: skip
     assert modes("--seeds", "0", "1", "--no-ablation", "--no-zero-shot") == [
         (0, "search"), (0, "no_search"), (1, "search"), (1, "no_search")
@@ -129,8 +139,7 @@ def test_only_picks_the_runs_of_a_seed():
     assert modes("--only", "no_search") == [(0, "no_search"), (1, "no_search"), (2, "no_search")]
     assert modes("--quick") == [(0, "search")]
     assert modes("--quick", "--only", "search", "zero_shot") == [(0, "search"), (0, "zero_shot")]
-    default = settings_from_args(parser.parse_args([]))
-    assert default.outcome_only_overrides == list(demo_settings.OUTCOME_ONLY_OVERRIDES)
+    assert modes("--only", "no_guidance", "--seeds", "7") == [(7, "no_guidance")]
 
 
 @pytest.mark.parametrize(
@@ -143,6 +152,8 @@ def test_only_picks_the_runs_of_a_seed():
         (["--num-test", "0"], "--num-test"),
         (["--jobs", "0"], "--jobs"),
         (["--nq-sample", "/no/such/folder"], "--nq-sample"),
+        (["--hotpotqa-sample", "/no/such/folder"], "--hotpotqa-sample"),
+        (["--hotpotqa-questions", "-1"], "--hotpotqa-questions"),
         (["--model", "/no/such/model"], "--model"),
     ],
 )

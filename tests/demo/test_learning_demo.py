@@ -16,7 +16,7 @@ TINY_RL = [
     "trainer.total_steps=2",
     "trainer.batch_size=2",
     "trainer.mini_batch_size=2",
-    "rollout.n=2",
+    "rollout.n=3",  # the recipe's guidance takes two places of a failed group
     "trainer.progress_bar=false",
 ]
 
@@ -25,7 +25,26 @@ def test_no_search_backend_finds_nothing():
     assert NoSearch().search(["Alice Verdan", "Borvik"], topk=3) == [[], []]
 
 
-def tiny_settings(model_dir) -> DemoSettings:
+HOTPOTQA_ROWS = [
+    {
+        "id": "h1", "question": "Where was the founder of the Quillon Press born?", "answer": "Borvik",
+        "type": "bridge", "level": "hard",
+        "supporting_facts": {"title": ["Quillon Press", "Alice Verdan"], "sent_id": [0, 0]},
+        "context": {"title": ["Quillon Press", "Alice Verdan", "Ost"],
+                    "sentences": [["The Quillon Press was founded by Alice Verdan."],
+                                  ["Alice Verdan was born in Borvik.", " She wrote poems."],
+                                  ["The Ost is a river."]]},
+    },
+    {
+        "id": "h2", "question": "Which is longer, the Ost or the Tarn?", "answer": "Ost", "type": "comparison",
+        "level": "hard", "supporting_facts": [["Ost", 0], ["Tarn", 0]],
+        "context": [["Ost", ["The Ost is a river 900 km long."]], ["Tarn", ["The Tarn is a river 40 km long."]]],
+    },
+]  # fmt: skip
+"""Two questions in HotpotQA's own row format (both forms of its fields), for the transfer row."""
+
+
+def tiny_settings(model_dir, hotpotqa_folder) -> DemoSettings:
     nq_folder = flashrag_sample()
     return DemoSettings(
         seeds=(3,),
@@ -34,14 +53,23 @@ def tiny_settings(model_dir) -> DemoSettings:
         template="base",
         zero_shot_template="base",
         nq_sample=str(nq_folder) if nq_folder else "",
+        hotpotqa_sample=str(hotpotqa_folder),
         overrides=TINY_RL,
         world={"num_entities": 40},
-        outcome_only=False,  # the ablation's run: test_demo_command.py
+        outcome_only=False,  # the ablations' runs: test_demo_command.py
+        no_guidance=False,
     )
 
 
 @pytest.fixture(scope="module")
-def tiny_demo(tmp_path_factory, tiny_model_dir):
+def hotpotqa_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("hotpotqa")
+    (folder / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in HOTPOTQA_ROWS))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tiny_demo(tmp_path_factory, tiny_model_dir, hotpotqa_folder):
     """The tiny demo run once, one process, one thread: (its folder, its summary)."""
     import torch
 
@@ -49,7 +77,7 @@ def tiny_demo(tmp_path_factory, tiny_model_dir):
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return out, run_learning_demo(out, tiny_settings(tiny_model_dir), log=lambda s: None)
+        return out, run_learning_demo(out, tiny_settings(tiny_model_dir, hotpotqa_folder), log=lambda s: None)
     finally:
         torch.set_num_threads(before)
 
@@ -76,6 +104,25 @@ def test_tiny_run_writes_the_summary_with_both_runs(tiny_demo, tiny_model_dir):
         questions = (nq_folder / "nq_test_sample.jsonl").read_text().split("\n")
         assert len(nq_records.splitlines()) == sum(1 for q in questions if q.strip())
         assert set(runs["search"]["nq"]) == {"before", "after"} and "nq" not in runs["no_search"]
+    # the transfer row: the HotpotQA questions before and after, searching their own paragraphs
+    hotpot = runs["search"]["hotpotqa"]
+    for when in ("before", "after"):
+        recs = [json.loads(x) for x in (tmp_path / "seed_3" / "search" / f"eval_hotpotqa_{when}" /
+                "trajectories.jsonl").read_text().splitlines()]  # fmt: skip
+        assert sorted(r["id"] for r in recs) == ["h1", "h2"]
+        assert hotpot[when]["em"] == pytest.approx(sum(r["scores"]["em"] for r in recs) / 2)
+        titles = {h["title"] for r in recs for hits in r["documents"] for h in hits}
+        assert titles <= {"Quillon Press", "Alice Verdan", "Ost", "Tarn"}  # BM25 over their own paragraphs
+    assert "hotpotqa" not in runs["no_search"]
+    # the second-search probe, before and after, over the test's two-hop questions
+    probe = json.loads((tmp_path / "seed_3" / "search" / "probe.json").read_text())
+    multi = sum(1 for q in _test_rows(tmp_path) if q["metadata"]["type"] != "single")
+    for when in ("before", "after"):
+        assert probe[when]["questions"] == multi == len(probe[when]["rows"])
+        if multi:
+            assert row[f"probe_{when}"] == pytest.approx(
+                sum(r["p_search"] for r in probe[when]["rows"]) / multi
+            )
     assert len(runs["search"]["reward_curve"]) == 2
     # the control's searches, if any, returned nothing
     for line in (
@@ -90,6 +137,11 @@ def test_tiny_run_writes_the_summary_with_both_runs(tiny_demo, tiny_model_dir):
     for when in ("before", "after"):
         weighted = sum(r[f"em_{when}"] * r["questions"] for r in by_relation.values()) / 4
         assert weighted == pytest.approx(row[f"em_{when}"])
+
+
+def _test_rows(folder) -> list[dict]:
+    rows = (folder / "seed_3" / "world" / "test.jsonl").read_text().splitlines()
+    return [json.loads(x) for x in rows if x.strip()][:4]
 
 
 def _record(index: int, em: float) -> str:
@@ -149,13 +201,14 @@ def test_quick_demo_reward_rises(tmp_path):
     assert run["after"]["searches"] >= 0.5
 
 
-def test_parallel_runs_give_the_serial_summary(tmp_path, tiny_demo, tiny_model_dir):
+def test_parallel_runs_give_the_serial_summary(tmp_path, tiny_demo, tiny_model_dir, hotpotqa_folder):
     """``--jobs 2``: the runs go to two worker processes (one thread each) and the summary holds exactly
     the numbers of the one-process run with one thread (same seeds, same arithmetic)."""
     from dataclasses import replace
 
     serial = tiny_demo[1]
-    parallel = run_learning_demo(tmp_path, replace(tiny_settings(tiny_model_dir), jobs=2), log=lambda s: None)
+    settings = replace(tiny_settings(tiny_model_dir, hotpotqa_folder), jobs=2)
+    parallel = run_learning_demo(tmp_path, settings, log=lambda s: None)
     a, b = serial["seeds"]["3"], parallel["seeds"]["3"]
     assert list(b["runs"]) == list(a["runs"]) == ["search", "no_search", "zero_shot"]
     compared = [k for k in a if k not in ("runs", "no_search") and "seconds" not in k]
@@ -163,3 +216,4 @@ def test_parallel_runs_give_the_serial_summary(tmp_path, tiny_demo, tiny_model_d
     for key in compared:
         assert b[key] == a[key], key
     assert b["runs"]["search"].get("nq") == a["runs"]["search"].get("nq")
+    assert b["runs"]["search"]["hotpotqa"] == a["runs"]["search"]["hotpotqa"]

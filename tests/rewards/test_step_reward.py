@@ -222,3 +222,19 @@ def test_gold_coverage_is_the_share_of_gold_passages_found_by_the_whole_trajecto
     answer_only = {"golden_answers": ["Borvik"]}
     assert component.score(context_from_trajectory(scripted([[other]], answer_only), decode)) == 1.0
     assert component.score(context_from_trajectory(scripted([[gold_a]], answer_only), decode)) == 0.0
+
+
+def test_gold_coverage_inside_the_composite_reward():
+    """The demo's reward form: a weighted sum in which gold coverage adds 0.3 x the share of gold found."""
+    from searchr1.rewards.composite import CompositeReward
+
+    reward = CompositeReward(RewardConfig(components={"exact_match": 1.0, "gold_coverage": 0.3}))
+    gold_a, gold_b, other = hit("7", "Quillon Press"), hit("9", "Alice Verdan"), hit("3", "Borvik")
+    meta = {"supporting_ids": ["7", "9"], "golden_answers": ["q"]}  # the scripted answer is "q": EM 1
+    wrong = {"supporting_ids": ["7", "9"], "golden_answers": ["Borvik"]}
+    trajs = [scripted([[gold_a], [gold_b]], meta), scripted([[gold_a], [other]], meta), scripted([[other]], wrong)]
+    outs = reward.score_trajectories(trajs, decode)
+    assert [o.total for o in outs] == pytest.approx([1.3, 1.15, 0.0])
+    assert [o.components["gold_coverage"] for o in outs] == pytest.approx([0.3, 0.15, 0.0])
+    assert [o.raw["gold_coverage"] for o in outs] == pytest.approx([1.0, 0.5, 0.0])
+    assert [o.components["exact_match"] for o in outs] == [1.0, 1.0, 0.0]

@@ -16,12 +16,15 @@ def test_a_small_pool_brings_its_questions_back(tiny_model_dir, tmp_path):
     )  # fmt: skip
     trainer = RLTrainer(cfg)
     trainer.setup()
-    assert len(trainer.train_samples) == 3
+    first = [q for q, _ in rlworld.QUESTIONS[:3]]  # the file's first three questions, in order
+    assert [s.question for s in trainer.train_samples] == first
     seen = []
     for _ in range(3):
         trainer.train_step()
-        seen += [t.meta["sample_index"] for t in trainer._last_trajs]
-    assert set(seen) <= {0, 1, 2} and len(seen) == 3 * 2 * cfg.rollout.n  # 6 questions drawn from a pool of 3
+        seen += [(t.meta["sample_index"], t.meta["question"]) for t in trainer._last_trajs]
+    assert len(seen) == 3 * 2 * cfg.rollout.n  # 6 questions drawn from a pool of 3
+    assert all(question == first[index] for index, question in seen)  # each index is the pool's question
+    assert {question for _, question in seen} == set(first)  # and every pool question came back
     trainer.close()
 
 

@@ -180,7 +180,9 @@ class TrainerConfig:
         if self.max_nonfinite_in_a_row < 1:
             raise ValueError("trainer.max_nonfinite_in_a_row must be >= 1")
         if self.keep_best not in ("none", "val_em", "val_em_by_kind"):
-            raise ValueError(f"trainer.keep_best: expected none | val_em | val_em_by_kind, got {self.keep_best!r}")
+            raise ValueError(
+                f"trainer.keep_best: expected none | val_em | val_em_by_kind, got {self.keep_best!r}"
+            )
         if self.keep_best != "none" and not self.val_every:
             raise ValueError(
                 f"trainer.keep_best={self.keep_best} needs trainer.val_every > 0 (no validation, no best)"

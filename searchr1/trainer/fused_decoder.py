@@ -110,7 +110,9 @@ def causal_mask(queries: int, prefix: int, device: torch.device | None = None) -
     return keys[None, :] > (prefix + torch.arange(queries, device=device))[:, None]
 
 
-def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+def grouped_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tensor
+) -> torch.Tensor:
     """``softmax(q k^T, keys in hidden masked) v`` with grouped-query heads: ``q [b, H, t, d]`` (already
     scaled), ``k, v [b, K, L, d]``, ``hidden [t, L]`` (boolean); returns ``[b, t, H d]``. The scores come out
     of the product in the compute dtype; the softmax (and its backward) computes in float32 inside PyTorch's

@@ -403,7 +403,15 @@ class _ExpectedRowLogprob(torch.autograd.Function):
             return None, None, None, None, None, None
         if grad_entropy is not None and entropy.numel() > 0:
             grad_h = _recomputed_grad_hidden(
-                hidden, weight, targets, lse, entropy, ctx.temperature, ctx.chunk_size, grad_logprob, grad_entropy
+                hidden,
+                weight,
+                targets,
+                lse,
+                entropy,
+                ctx.temperature,
+                ctx.chunk_size,
+                grad_logprob,
+                grad_entropy,
             )
             return grad_h, None, None, None, None, None
         assert grad_logprob is not None
@@ -533,7 +541,9 @@ def weight_head_logprobs(
         empty = hidden.new_zeros(0, dtype=torch.float32)
         return empty, (empty if return_entropy else None)
     if bias is None and not weight.requires_grad:
-        lp, ent = _ExpectedRowLogprob.apply(hidden, weight, targets, float(temperature), chunk, return_entropy)
+        lp, ent = _ExpectedRowLogprob.apply(
+            hidden, weight, targets, float(temperature), chunk, return_entropy
+        )
     else:
         lp, ent = _FusedLinearLogprob.apply(
             hidden, weight, bias, targets, float(temperature), chunk, return_entropy
@@ -564,7 +574,9 @@ def token_logprobs(
     LM head are computed at once (default ``default_chunk_size(V)``: a 64 MiB float32 block).
     ``share_prefix``: run a prompt prefix common to every row once (``final_hidden_states``).
     """
-    prefix = shareable_prefix(model, input_ids, attention_mask) if share_prefix and position_ids is None else 0
+    prefix = (
+        shareable_prefix(model, input_ids, attention_mask) if share_prefix and position_ids is None else 0
+    )
     hidden = final_hidden_states(model, input_ids, attention_mask, position_ids, shared_prefix=prefix)
     valid = valid_target_mask(input_ids, attention_mask, position_ids)
     if target_mask is not None:

@@ -84,6 +84,7 @@ from searchr1.trainer.schedule import PromptSampler, make_scheduler
 from searchr1.trainer.search_health import SearchAlert, SearchFailureMonitor, first_search_error
 from searchr1.trainer.tracking import MetricsLogger, ProgressBar
 from searchr1.trainer.update import UpdateSettings, run_update
+from searchr1.trainer.validation import validation_metrics, validation_samples
 
 
 class TrainingStopped(RuntimeError):
@@ -711,7 +712,8 @@ class RLTrainer:
 
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
-        """Greedy rollouts over the validation set: EM / F1 per data source, searches and turns."""
+        """Greedy rollouts over the validation set (``searchr1.trainer.validation``: EM / F1 per data source
+        and per kind of question, searches and turns)."""
         samples = self._validation_samples()
         if not samples:
             return {}
@@ -741,35 +743,12 @@ class RLTrainer:
                      "searches": traj.searches, "turns": traj.turns}
                 )  # fmt: skip
         all_rows = [r for part in all_gather_objects(rows, self.dist) for r in part]
-        out: dict[str, float] = {}
-        by_source: dict[str, list[dict[str, Any]]] = {}
-        for r in all_rows:
-            by_source.setdefault(r["source"], []).append(r)
-        for source, rs in sorted(by_source.items()):
-            for key in ("em", "f1", "searches", "turns"):
-                out[f"val/{source}/{key}"] = sum(r[key] for r in rs) / len(rs)
-        for key in ("em", "sub_em", "f1", "searches", "turns"):
-            out[f"val/{key}"] = sum(r[key] for r in all_rows) / max(1, len(all_rows))
-        kinds = sorted({r["kind"] for r in all_rows})
-        for kind in kinds:
-            rs = [r for r in all_rows if r["kind"] == kind]
-            out[f"val/{kind}/em"] = sum(r["em"] for r in rs) / len(rs)
-            out[f"val/{kind}/searches"] = sum(r["searches"] for r in rs) / len(rs)
-        out["val/em_by_kind"] = sum(out[f"val/{k}/em"] for k in kinds) / max(1, len(kinds))
-        return out
+        return validation_metrics(all_rows)
 
     def _validation_samples(self) -> list[Any]:
-        """The validation questions: the first ``val_max_samples`` (all: 0), or with ``val_balance_kinds``
-        as many single-hop as multi-hop questions, each kind's first ones, up to ``val_max_samples``."""
-        samples = list(self.val_samples or [])
-        limit = self.tcfg.val_max_samples or len(samples)
-        if not self.tcfg.val_balance_kinds:
-            return samples[:limit]
-        by_kind: dict[str, list[Any]] = {}
-        for sample in samples:
-            by_kind.setdefault(sample_kind(sample), []).append(sample)
-        each = min([limit // max(1, len(by_kind)), *(len(v) for v in by_kind.values())])
-        return [s for kind in sorted(by_kind) for s in by_kind[kind][:each]]
+        """The validation questions (``trainer.validation.validation_samples``)."""
+        t = self.tcfg
+        return validation_samples(self.val_samples or [], t.val_max_samples, t.val_balance_kinds)
 
     # ------------------------------------------------------------------------------------------
     # checkpoints

@@ -42,6 +42,8 @@ class RewardConfig:
     """Step reward (StepSearch, arXiv 2505.15107) of a search turn that retrieves gold passages no earlier turn of the trajectory retrieved: step_gain x (such passages / the question's gold passages); it reaches the turn's own tokens (algorithm.step_credit_coef). 0 = off (Search-R1's outcome reward alone)."""
     step_redundancy: float = 0.0
     """Step penalty of a search turn whose hits were all retrieved by earlier turns of the trajectory (the turn earns -step_redundancy). 0 = off."""
+    step_superfluous: float = 0.0
+    """Step penalty of a search turn made after earlier turns of the trajectory had already retrieved every gold passage of the question (the turn earns -step_superfluous, added to any redundancy penalty): searching again when nothing is missing. 0 = off."""
     step_gold: Literal["supporting", "supporting_or_answer", "answer"] = "supporting_or_answer"
     """Gold passages of the step reward: supporting (the row's supporting ids / titles; a row without them gets no step reward) | supporting_or_answer (else a passage holding a golden answer) | answer (always a passage holding a golden answer)."""
     embedding_model: str | None = None
@@ -61,8 +63,9 @@ class RewardConfig:
 
     @property
     def step_rewards(self) -> bool:
-        """Whether search turns get a step reward (``reward.step_gain`` or ``reward.step_redundancy`` > 0)."""
-        return self.step_gain > 0.0 or self.step_redundancy > 0.0
+        """Whether search turns get a step reward (``reward.step_gain``, ``step_redundancy`` or
+        ``step_superfluous`` > 0)."""
+        return self.step_gain > 0.0 or self.step_redundancy > 0.0 or self.step_superfluous > 0.0
 
     @classmethod
     def from_simple(cls, weights: Mapping[str, float], **fields: Any) -> RewardConfig:
@@ -92,7 +95,7 @@ class RewardConfig:
             raise ValueError(
                 "reward.answer_metric: the search_r1 component scores a right answer 1 and needs em or subem, got f1"
             )
-        for key in ("step_gain", "step_redundancy"):
+        for key in ("step_gain", "step_redundancy", "step_superfluous"):
             value = getattr(self, key)
             if not (value >= 0.0 and value < float("inf")):
                 raise ValueError(f"reward.{key}: must be a finite number >= 0, got {value}")

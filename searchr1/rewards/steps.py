@@ -8,11 +8,15 @@ gold units (``reward.step_gold``):
               titles) or "answer" when its text holds a golden answer (G = {"answer"})
     new_k   = | U_{h in H_k} cov(h)  minus  U_{j<k} U_{h in H_j} cov(h) |     gold first retrieved at k
     red_k   = 1 if H_k is not empty and every hit of H_k was retrieved by a turn j < k, else 0
-    s_k     = step_gain * new_k / |G|  -  step_redundancy * red_k
+    sup_k   = 1 if every gold unit of G was retrieved by a turn j < k, else 0   (nothing was missing)
+    s_k     = step_gain * new_k / |G|  -  step_redundancy * red_k  -  step_superfluous * sup_k
 
 So the gains of a trajectory sum to at most ``step_gain`` (every gold passage found once), a search
-that only repeats earlier hits costs ``step_redundancy``, and a search after all gold was found earns
-nothing unless it repeats. A failed search (no hits) earns 0. Where the row names no gold passages,
+that only repeats earlier hits costs ``step_redundancy``, and a search after all gold was found costs
+``step_superfluous`` (0 by default: then it earns nothing unless it repeats). Compared per search position
+(``searchr1.algorithms.step_credit``), a second search of a single-hop question whose first search found
+its passage then ranks below answering, while the second search of a two-hop question that finds hop 2
+ranks above it. A failed search (no hits) earns 0. Where the row names no gold passages,
 ``step_gold=supporting`` leaves the trajectory unscored (no step reward at all), while
 ``supporting_or_answer`` falls back to the answer unit. How s_k reaches the turn's tokens (a step
 advantage beside the outcome one, or token rewards under GAE) is ``searchr1.algorithms.step_credit``.
@@ -44,6 +48,8 @@ class SearchTurn:
     new_gold: int = 0
     """Gold units this turn retrieved first."""
     redundant: bool = False
+    superfluous: bool = False
+    """Made after every gold unit had been retrieved."""
 
 
 @dataclass
@@ -127,8 +133,13 @@ def step_credit(traj: Any, cfg: RewardConfig, decode: Callable[[list[int]], str]
             covered |= _covers(h, kind, golden, norm) & gold
         new = covered - found
         redundant = bool(keys) and keys <= seen_hits
-        reward = cfg.step_gain * len(new) / len(gold) - (cfg.step_redundancy if redundant else 0.0)
-        turns.append(SearchTurn(span, reward, len(new), redundant))
+        superfluous = found >= gold
+        reward = (
+            cfg.step_gain * len(new) / len(gold)
+            - (cfg.step_redundancy if redundant else 0.0)
+            - (cfg.step_superfluous if superfluous else 0.0)
+        )
+        turns.append(SearchTurn(span, reward, len(new), redundant, superfluous))
         seen_hits |= keys
         found |= new
     return StepCredit(turns, kind, stop)

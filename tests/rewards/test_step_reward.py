@@ -89,6 +89,23 @@ def test_new_passage_repeated_passage_and_a_search_after_everything_was_found():
                     "new_gold_turns": 2.0, "redundant_turns": 2.0}  # fmt: skip
 
 
+def test_a_search_after_every_gold_passage_was_found_is_superfluous():
+    gold_a, gold_b, other = hit("7", "Quillon Press"), hit("9", "Alice Verdan"), hit("3", "Borvik")
+    cfg = RewardConfig(step_gain=GAIN, step_redundancy=REDUNDANCY, step_superfluous=0.1)
+    two_hop = {"supporting_ids": ["7", "9"], "golden_answers": ["Borvik"]}
+    documents = [[gold_a], [other], [gold_b], [hit("4", "Ost")], [gold_b], []]
+    credit = step_credit(scripted(documents, two_hop), cfg, decode)
+    # gold A, nothing new (B still missing: not superfluous), gold B, then three searches with nothing missing:
+    # a new passage (-0.1), a repeat (-0.25 - 0.1), a failed search (-0.1)
+    assert [t.reward for t in credit.turns] == pytest.approx([0.3, 0.0, 0.3, -0.1, -0.35, -0.1])
+    assert [t.superfluous for t in credit.turns] == [False, False, False, True, True, True]
+    single_hop = {"supporting_ids": ["7"], "golden_answers": ["Borvik"]}
+    credit = step_credit(scripted([[gold_a], [other]], single_hop), cfg, decode)
+    assert [t.reward for t in credit.turns] == pytest.approx([GAIN, -0.1])  # the second search was not needed
+    off = step_credit(scripted([[gold_a], [other]], single_hop), CFG, decode)  # default 0: no penalty
+    assert [t.reward for t in off.turns] == pytest.approx([GAIN, 0.0])
+
+
 def test_no_search_has_no_step_reward():
     credit = step_credit(scripted([], {"supporting_ids": ["7"], "golden_answers": ["x"]}), CFG, decode)
     assert credit.turns == [] and credit.gold == "ids"

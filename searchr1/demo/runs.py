@@ -230,11 +230,12 @@ def _probe(trainer: Any, test: list[dict], prompt_path: Path, retriever: Any) ->
     """The second-search probe (``searchr1.evaluation.probe``) of the trainer's policy on the test's
     multi-hop questions, with the run's own search backend."""
     from searchr1.evaluation.probe import second_search_probe
+    from searchr1.precision import autocast
     from searchr1.rollout.gold import GoldWriter
 
     cfg = trainer.cfg
     writer = GoldWriter(trainer.tokenizer, cfg.rollout, retriever, cfg.retrieval.topk)
-    with trainer._autocast():
+    with autocast(trainer.device, cfg.model.bf16_autocast):
         return second_search_probe(trainer.policy, trainer.tokenizer, test, str(prompt_path), writer)
 
 

@@ -399,16 +399,18 @@ def test_a_sampled_batch_whose_prefills_are_split_completes_on_vllm_cpu(server, 
 
 
 def test_a_server_given_by_url_in_another_dtype_is_one_line(server, smollm2):
+    """float16, which every CPU and GPU resolves to itself (bfloat16 falls back to float32 on a CPU without
+    bfloat16 units, which would match the float32 server and raise nothing)."""
     from searchr1.models import load_model, load_tokenizer
     from searchr1.rollout.registry import build_engine
 
-    cfg = load_config(None, [f"rollout.vllm.url={server.url}", "rollout.dtype=bfloat16"])
+    cfg = load_config(None, [f"rollout.vllm.url={server.url}", "rollout.dtype=float16"])
     tokenizer, model = load_tokenizer(smollm2), load_model(smollm2, dtype="float32")
     with pytest.raises(VLLMError) as err:
         build_engine(cfg, model, tokenizer, None, name="vllm")
     message = str(err.value)
     assert "\n" not in message
-    assert "generates in float32, but rollout.dtype is bfloat16" in message and "--dtype float32" in message
+    assert "generates in float32, but rollout.dtype is float16" in message and "--dtype float32" in message
 
 
 def test_dtype_float32_makes_eval_with_engine_vllm_generate_in_float32_and_score_like_hf(

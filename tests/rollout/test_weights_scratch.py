@@ -177,7 +177,7 @@ def small_tmpfs(tmp_path):
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip()}); the injected sizes above test the same")
     yield mount
-    subprocess.run(["umount", str(mount)], check=True)
+    subprocess.run(["umount", "--lazy", str(mount)], check=True)  # lazy: a failed test may leave a file open
 
 
 def test_a_small_tmpfs_sends_the_weights_to_disk_and_holds_one_copy_at_a_time(small_tmpfs, tmp_path, capsys):

@@ -315,11 +315,14 @@ class VLLMServer:
     def stop(self, grace_s: float = STOP_GRACE_S) -> None:
         """SIGTERM to the server's process group (vLLM's engine core and workers are child processes), SIGKILL
         to the group after ``grace_s`` (a server stuck loading or reloading), then SIGKILL to whatever of the
-        group outlived the server; its watchdog forgets it once none of it is left."""
+        group outlived the server, and the shared memory a killed group could not unlink is removed; its
+        watchdog forgets it once none of it is left."""
         proc, self.process = self.process, None
         if proc is None:
             return
         pgid = proc.pid
+        ours = proc.poll() is None or watchdogs.group_is_ours(pgid, self.leader_start)
+        held = watchdogs.shm_held(watchdogs.group_members(pgid)) if ours else set()  # what SIGKILL would leave
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGTERM)
@@ -334,6 +337,7 @@ class VLLMServer:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGKILL)
             watchdogs.wait_gone(pgid, watchdogs.KILL_WAIT_S)
+        watchdogs.remove_leaked_shm(held)
         if self.watchdog is not None and proc.poll() is not None and not watchdogs.group_members(pgid):
             with contextlib.suppress(OSError):  # a watchdog that died has nothing to forget
                 self.watchdog.release_group(pgid)

@@ -12,7 +12,9 @@ SIGKILL, OOM killer) the kernel closes it and the watchdog reads EOF: a death no
 whichever thread started what. The watchdog then stops every group still registered (SIGTERM, then SIGKILL
 to the whole group after its grace period, until no process of it is left), removes every folder still
 registered, prints one line saying what it did, and exits. A clean shutdown releases everything first, so
-the EOF that follows finds nothing to do.
+the EOF that follows finds nothing to do. A group that needed SIGKILL could not unlink its shared memory
+(vLLM's engine core and worker hold ~400 MB of ``/dev/shm/psm_*``): the files in /dev/shm the group held are
+removed once it is gone, unless another process still holds them.
 
 The watchdog runs in a session of its own (Ctrl-C or a closed terminal reaches the trainer, not it) and
 imports only the standard library: it is started as ``python -I <this file>`` and never imports torch.
@@ -35,6 +37,8 @@ from pathlib import Path
 
 KILL_WAIT_S = 10.0
 """After SIGKILL, how long the watchdog waits for the group's processes to be gone before it moves on."""
+SHM = Path("/dev/shm")
+"""Where the shared memory that a killed group leaves is looked for."""
 
 
 # -- processes, read from /proc ---------------------------------------------------------------------------
@@ -110,22 +114,68 @@ def wait_gone(pgid: int, timeout_s: float) -> bool:
     return True
 
 
+def _pids() -> list[int]:
+    return [int(e.name) for e in os.scandir("/proc") if e.name.isdigit()]
+
+
+def shm_held(pids: list[int] | None = None) -> set[str]:
+    """The files directly in ``SHM`` that processes ``pids`` (default: every process this user may inspect)
+    have mapped or open: the shared memory of vLLM's engine processes (``psm_*``) among them."""
+    held: set[str] = set()
+    prefix = f"{SHM}/"
+    for pid in pids if pids is not None else _pids():
+        try:
+            maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        names = [line.split(None, 5)[5] for line in maps if prefix in line]
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                names.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        held.update(n for n in names if n.startswith(prefix) and "/" not in n[len(prefix) :])
+    return {n for n in held if not n.endswith(" (deleted)")}
+
+
+def remove_leaked_shm(paths: set[str]) -> int:
+    """Remove those of ``paths`` (files in ``SHM`` that a group now gone held) that are this user's and
+    that no process holds any more: a group killed with SIGKILL cannot unlink its shared memory, and
+    /dev/shm would keep it (hundreds of MB for vLLM) until reboot. Returns the bytes freed."""
+    if not paths:
+        return 0
+    freed = 0
+    for name in paths - shm_held():
+        path = Path(name)
+        with contextlib.suppress(OSError):
+            info = path.lstat()
+            if path.parent == SHM and path.is_file() and not path.is_symlink() and info.st_uid == os.getuid():
+                path.unlink()
+                freed += info.st_size
+    return freed
+
+
 def stop_group(pgid: int, leader_start: int, grace_s: float) -> str | None:
     """SIGTERM to process group ``pgid``, SIGKILL to it after ``grace_s`` if any of it is left, until none
-    is (at most ``KILL_WAIT_S`` more). Returns what happened in a few words, or None when the group is no
-    longer the one registered (gone, or its id reused): then nothing is signalled."""
+    is (at most ``KILL_WAIT_S`` more); then the shared memory it held and left behind is removed. Returns
+    what happened in a few words, or None when the group is no longer the one registered (gone, or its id
+    reused): then nothing is signalled."""
     if not group_is_ours(pgid, leader_start):
         return None
     t0 = time.monotonic()
+    held = shm_held(group_members(pgid))
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGTERM)
     if wait_gone(pgid, grace_s):
-        return f"SIGTERM, gone in {time.monotonic() - t0:.1f} s"
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
-    gone = wait_gone(pgid, KILL_WAIT_S)
-    state = "gone" if gone else f"{len(group_members(pgid))} processes still there"
-    return f"SIGTERM, SIGKILL after {grace_s:g} s, {state} in {time.monotonic() - t0:.1f} s"
+        how = f"SIGTERM, gone in {time.monotonic() - t0:.1f} s"
+    else:
+        held |= shm_held(group_members(pgid))
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+        gone = wait_gone(pgid, KILL_WAIT_S)
+        state = "gone" if gone else f"{len(group_members(pgid))} processes still there"
+        how = f"SIGTERM, SIGKILL after {grace_s:g} s, {state} in {time.monotonic() - t0:.1f} s"
+    freed = remove_leaked_shm(held)
+    return how + (f"; {freed / 1e6:.0f} MB of shared memory it left freed" if freed else "")
 
 
 # -- this process's side ----------------------------------------------------------------------------------

@@ -4,7 +4,8 @@ group like vLLM's engine core, optionally deaf to SIGTERM or still loading) star
 watchdog stops the server's whole process group (SIGKILL when SIGTERM is not enough) and removes the weights
 folder, within a bounded time and without any later command, whichever thread started the server; the
 kernel's death signal is set only from the main thread; ``stop()`` gets a stuck group down; a watchdog
-signals only the group it was given. The real server: tests/rollout/test_vllm_engine.py."""
+signals only the group it was given; the shared memory a group killed with SIGKILL left in /dev/shm is
+removed, what a live process holds is not. The real server: tests/rollout/test_vllm_engine.py."""
 
 from __future__ import annotations
 
@@ -36,13 +37,14 @@ def _wait_for(what, timeout_s: float, describe: str):
     return value
 
 
-def _status(path: Path) -> tuple[int, int, int]:
-    """(server pid, its child's pid, its death signal) as the stand-in server reports them."""
+def _status(path: Path) -> tuple[int, int, int, Path]:
+    """(server pid, its child's pid, its death signal, its shared memory) as the stand-in server reports
+    them."""
     text = _wait_for(
         lambda: path.is_file() and path.read_text().strip(), 60, "the stand-in server did not start"
     )
-    leader, child, death = (int(x) for x in text.split())
-    return leader, child, death
+    leader, child, death, segment = text.split()
+    return int(leader), int(child), int(death), Path(segment)
 
 
 def _kill_trainer(tmp_path: Path, *flags: str) -> dict:
@@ -60,16 +62,18 @@ def _kill_trainer(tmp_path: Path, *flags: str) -> dict:
         )  # fmt: skip
     try:
         folder = Path(json.loads(trainer.stdout.readline())["folder"])
-        leader, child, death = _status(status)
+        leader, child, death, segment = _status(status)
         if "--loading" not in flags:
             assert trainer.stdout.readline().strip() == "ready", log.read_text()
         assert folder.is_dir() and sorted(watchdog.group_members(leader)) == sorted([leader, child])
+        assert segment.is_file()
     finally:
         trainer.kill()  # SIGKILL: nothing of the trainer runs after it
         trainer.wait()
     killed = time.monotonic()
-    _wait_for(lambda: not watchdog.group_members(leader) and not folder.exists(), GONE_WITHIN_S,
-              f"the server group or the weights folder outlived the trainer by {GONE_WITHIN_S:g} s")  # fmt: skip
+    _wait_for(lambda: not watchdog.group_members(leader) and not folder.exists() and not segment.exists(),
+              GONE_WITHIN_S, f"the server group, its shared memory or the weights folder outlived the trainer "
+              f"by {GONE_WITHIN_S:g} s")  # fmt: skip
     gone_s = time.monotonic() - killed
     said = _wait_for(lambda: [x for x in log.read_text().splitlines() if x.startswith("searchr1 watchdog:")], 10,
                      "the watchdog said nothing")  # fmt: skip
@@ -90,8 +94,10 @@ def test_a_killed_trainer_leaves_no_server_and_no_weights_folder(flags, how, tmp
     out = _kill_trainer(tmp_path, *flags)
     assert out["death_signal"] == signal.SIGTERM  # started from the main thread: the kernel's signal too
     assert len(out["said"]) == 1 and out["said"][0].endswith(f"removed {out['folder']}")
-    if how is not None:  # SIGTERM alone could not stop it: only the watchdog's SIGKILL did
+    if how is not None:  # SIGTERM alone could not stop it: only the watchdog's SIGKILL did, and then the
+        # watchdog removed the shared memory the group could not remove itself
         assert f"process group {out['leader']} ({how}" in out["said"][0]
+        assert "; 1 MB of shared memory it left freed" in out["said"][0]
     print(f"{'+'.join(flags) or 'at rest'}: group and folder gone {out['gone_s']:.2f} s after the SIGKILL")
 
 
@@ -115,11 +121,12 @@ def _stand_in_launch(tmp_path: Path, *flags: str):
 
 def test_stop_takes_down_a_stuck_server_group(tmp_path):
     server = vllm_server.start_server(_stand_in_launch(tmp_path, "--stuck"), log_dir=tmp_path)
-    leader, child, _ = _status(tmp_path / "status")
-    assert sorted(watchdog.group_members(leader)) == sorted([leader, child])
+    leader, child, _, segment = _status(tmp_path / "status")
+    assert sorted(watchdog.group_members(leader)) == sorted([leader, child]) and segment.is_file()
     t0 = time.monotonic()
     server.stop(grace_s=1.0)
     assert watchdog.group_members(leader) == []  # the child too, deaf to SIGTERM as it is
+    assert not segment.exists()  # the shared memory that SIGKILL kept it from removing
     assert server.failure() is None and not server.healthy(timeout=1)
     print(f"stop(grace_s=1) of a stuck group: {time.monotonic() - t0:.2f} s")
 
@@ -197,3 +204,19 @@ def test_a_released_group_is_left_running_when_the_owner_ends(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_shared_memory_a_live_process_holds_is_kept(tmp_path):
+    """Only what nobody holds is removed, whoever held it before."""
+    path = Path(f"/dev/shm/searchr1-test-{os.getpid()}")
+    path.write_bytes(b"x" * 1000)
+    try:
+        with path.open("rb"):
+            assert str(path) in watchdog.shm_held([os.getpid()])
+            assert watchdog.remove_leaked_shm({str(path)}) == 0 and path.is_file()
+        assert watchdog.remove_leaked_shm({str(path)}) == 1000 and not path.exists()
+        outside = tmp_path / "not-in-shm"
+        outside.write_bytes(b"x")
+        assert watchdog.remove_leaked_shm({str(outside)}) == 0 and outside.is_file()
+    finally:
+        path.unlink(missing_ok=True)

@@ -51,7 +51,11 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory):
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked ``vllm`` start vLLM servers: they run under ``scripts/test.sh --vllm`` (which installs
-    .venv-vllm and sets SEARCHR1_VLLM_TESTS=1) and skip, naming that command, everywhere else."""
+    .venv-vllm and sets SEARCHR1_VLLM_TESTS=1) and skip, naming that command, everywhere else. A test marked
+    ``learning`` must be marked ``slow`` too: statistical tests stay out of the default suite and of CI."""
+    unmarked = [i.nodeid for i in items if i.get_closest_marker("learning") and not i.get_closest_marker("slow")]
+    if unmarked:
+        raise pytest.UsageError(f"marked learning but not slow (add @pytest.mark.slow): {', '.join(unmarked)}")
     if os.environ.get("SEARCHR1_VLLM_TESTS") == "1":
         return
     skip = pytest.mark.skip(reason="vLLM engine test: run `scripts/test.sh --vllm` (installs .venv-vllm)")

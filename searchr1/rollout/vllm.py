@@ -25,9 +25,10 @@ Weights (``update_weights``, called by the trainer before the first rollout and 
            memory (/dev/shm), reloaded in place (vLLM's reload_weights), then the prefix cache is reset
     lora   weight_format adapter: the trainer's adapter folder is loaded in place under one name
 
-The server never restarts between steps. ``close()`` stops it and removes the folder (so does the
-interpreter's exit; a killed trainer's server gets SIGTERM from the kernel, and the folder it left is
-removed by the next ``searchr1`` command or engine start: ``searchr1.rollout.scratch``).
+The server never restarts between steps. The folder goes to /dev/shm when the weights fit in its free space,
+else to the temp folder (one line says which). ``close()`` stops the server and removes the folder; when the
+trainer dies without closing (SIGKILL included), its watchdog stops the server's process group and removes
+the folder (``searchr1.rollout.watchdog``, ``searchr1.rollout.scratch``).
 
 Generation dtype: ``rollout.dtype``, resolved as the HF engines resolve it (``precision.compute_dtype``:
 auto = bfloat16 where the GPU or CPU has bfloat16 units, else the model's), so one key sets both engines.
@@ -37,7 +38,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -56,7 +56,7 @@ from searchr1.rollout.config import VLLMConfig
 from searchr1.rollout.engine import NewToken, PolicyWeights, RolloutEngine, TokenListener
 from searchr1.rollout.episode import Episode, EpisodeContext, checked_prompts
 from searchr1.rollout.sampling import SamplingParams
-from searchr1.rollout.scratch import make_weights_dir, sweep_orphans
+from searchr1.rollout.scratch import check_room, make_weights_dir, remove_weights_dir, sweep_orphans
 from searchr1.rollout.search import SearchRunner
 from searchr1.rollout.types import Trajectory
 from searchr1.rollout.vllm_client import VLLMClient, timed
@@ -275,7 +275,7 @@ class VLLMRolloutEngine(RolloutEngine):
 
     def _remove_weights_dir(self) -> None:
         if self._own_weights_dir and self._weights_dir is not None:
-            shutil.rmtree(self._weights_dir, ignore_errors=True)
+            remove_weights_dir(self._weights_dir)
             self._weights_dir = None
 
     def _untied_folder(self, folder: str, model: Any) -> str:
@@ -285,7 +285,8 @@ class VLLMRolloutEngine(RolloutEngine):
         after the embeddings changed, measured); an untied head is a weight of its own and is reloaded.
         The folder is the one new weights are written to: the model's files linked, config.json with
         ``tie_word_embeddings: false``, the weights (the head written out) in the server's dtype."""
-        target = self._weights_folder()
+        state = plain_state_dict(model)
+        target = self._weights_folder(weights_bytes(state, self.dtype, untie=True))
         for item in Path(folder).iterdir():
             if item.name == "config.json" or item.suffix in (".safetensors", ".bin", ".pt", ".pth"):
                 continue
@@ -297,7 +298,7 @@ class VLLMRolloutEngine(RolloutEngine):
         if isinstance(config.get("text_config"), dict):
             config["text_config"]["tie_word_embeddings"] = False
         (target / "config.json").write_text(json.dumps(config, indent=2))
-        write_safetensors(plain_state_dict(model), target, self.dtype, untie=True)
+        write_safetensors(state, target, self.dtype, untie=True)
         return str(target)
 
     # -- weights ----------------------------------------------------------------------------------------
@@ -316,7 +317,7 @@ class VLLMRolloutEngine(RolloutEngine):
         else:
             if weights.state_dict is None:
                 raise ValueError("the vLLM engine (weight_sync=full) needs the policy's state dict")
-            folder = self._weights_folder()
+            folder = self._weights_folder(weights_bytes(weights.state_dict, self.dtype, untie=self._untie))
             write_s = timed(
                 lambda: write_safetensors(weights.state_dict, folder, self.dtype, untie=self._untie)
             )
@@ -330,13 +331,18 @@ class VLLMRolloutEngine(RolloutEngine):
             "total_s": time.perf_counter() - t0,
         }
 
-    def _weights_folder(self) -> Path:
+    def _weights_folder(self, need_bytes: int) -> Path:
+        """The folder the weights are written to: ``rollout.vllm.weights_dir`` (room checked), else one made
+        for this process in /dev/shm or, when the weights do not fit there, the temp folder; the watchdog
+        removes it if this process dies without closing the engine."""
         if self._weights_dir is None:
             if self.vcfg.weights_dir:
-                self._weights_dir = Path(self.vcfg.weights_dir)
-                self._weights_dir.mkdir(parents=True, exist_ok=True)
-            else:  # named after this process, so that a later run frees it if this one is killed
-                self._weights_dir = make_weights_dir()
+                folder = Path(self.vcfg.weights_dir)
+                folder.mkdir(parents=True, exist_ok=True)
+                check_room(folder, need_bytes, replacing=_file_size(folder / WEIGHTS_FILE))
+                self._weights_dir = folder
+            else:  # named after (and locked by) this process: see searchr1.rollout.scratch
+                self._weights_dir = make_weights_dir(need_bytes, guard=True)
                 self._own_weights_dir = True
         return self._weights_dir
 
@@ -476,26 +482,56 @@ def ties_embeddings(model: Any) -> bool:
     return head is not None and embed is not None and head.weight is embed.weight
 
 
-def write_safetensors(
-    state_dict: Mapping[str, Any], folder: Path, dtype: str, *, untie: bool = False
-) -> None:
-    """``state_dict`` as ``folder/model.safetensors`` in ``dtype``. A tensor tied to an earlier one (a tied
-    LM head) is written once, and vLLM ties it again; ``untie``: written under each name (for a server
-    started with ``tie_word_embeddings: false``)."""
-    from safetensors.torch import save_file
+WEIGHTS_FILE = "model.safetensors"
 
-    target = getattr(torch, dtype)
-    tensors: dict[str, torch.Tensor] = {}
+
+def _file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _tensors_to_write(state_dict: Mapping[str, Any], untie: bool) -> list[tuple[str, torch.Tensor, bool]]:
+    """(name, tensor, copy) of each tensor a weights file holds: a tensor tied to an earlier one (a tied LM
+    head) once, and vLLM ties it again; ``untie``: under each name, the later ones copies."""
+    out: list[tuple[str, torch.Tensor, bool]] = []
     seen: set[int] = set()
     for name, value in state_dict.items():
         t = value.detach()
         ptr = t.data_ptr()
         if ptr in seen:
             if untie:
-                tensors[name] = t.to(device="cpu", dtype=target).clone().contiguous()
+                out.append((name, t, True))
             continue
         seen.add(ptr)
-        tensors[name] = t.to(device="cpu", dtype=target).contiguous()
+        out.append((name, t, False))
+    return out
+
+
+def weights_bytes(state_dict: Mapping[str, Any], dtype: str, *, untie: bool = False) -> int:
+    """The size of the tensors ``write_safetensors`` writes for ``state_dict`` in ``dtype``."""
+    size = getattr(torch, dtype).itemsize
+    return sum(t.numel() * size for _, t, _ in _tensors_to_write(state_dict, untie))
+
+
+def write_safetensors(
+    state_dict: Mapping[str, Any], folder: Path, dtype: str, *, untie: bool = False
+) -> None:
+    """``state_dict`` as ``folder/model.safetensors`` in ``dtype``. A tensor tied to an earlier one (a tied
+    LM head) is written once, and vLLM ties it again; ``untie``: written under each name (for a server
+    started with ``tie_word_embeddings: false``). The file it replaces is removed first, so the folder holds
+    one copy of the weights at a time; ``ScratchSpaceError`` (one line) when the new one would not fit."""
+    from safetensors.torch import save_file
+
+    target = getattr(torch, dtype)
+    final = folder / WEIGHTS_FILE
+    check_room(folder, weights_bytes(state_dict, dtype, untie=untie), replacing=_file_size(final))
+    tensors: dict[str, torch.Tensor] = {}
+    for name, t, copy in _tensors_to_write(state_dict, untie):
+        t = t.to(device="cpu", dtype=target)
+        tensors[name] = (t.clone() if copy else t).contiguous()
+    final.unlink(missing_ok=True)  # the server reads it only during a reload, which follows this write
     tmp = folder / "model.safetensors.tmp"
     save_file(tensors, str(tmp), metadata={"format": "pt"})
-    tmp.replace(folder / "model.safetensors")
+    tmp.replace(final)

@@ -11,7 +11,16 @@ builds of torchvision), so it runs as vLLM's own OpenAI-compatible server from a
 
 ``rollout.vllm.url`` names a server that is already running instead (``attach_server``): it is checked,
 never started or stopped. A user names the engine, not a process to look after: the server is stopped by
-``close()``, at interpreter exit, and (Linux) when the process that started it dies.
+``close()``, at interpreter exit, and when the process that started it dies, however it dies:
+
+- its watchdog (``searchr1.rollout.watchdog``) reads EOF on a pipe when this process ends, sends SIGTERM to
+  the server's process group, SIGKILL after ``STOP_GRACE_S`` (a server stuck loading or reloading weights),
+  and removes the weights folder; no signal and no thread is involved in noticing the death;
+- on Linux the kernel also sends the server SIGTERM when the thread that started it ends
+  (``PR_SET_PDEATHSIG``): set only when that thread is the main thread, whose end is the process's (an
+  engine built on a worker thread would otherwise lose its server when that thread finished). ``prctl`` is
+  looked up before the fork, so the child runs no loader code between fork and exec; where there is none
+  (not Linux, or a C library without it), one warning says that the watchdog alone stops the server.
 """
 
 from __future__ import annotations
@@ -28,13 +37,16 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
 from searchr1.errors import UserFacingError
+from searchr1.rollout import watchdog as watchdogs
 
 SETUP_COMMAND = "bash scripts/setup-vllm.sh"
 """What installs the vLLM environment (named by every 'vLLM missing' message)."""
@@ -42,6 +54,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 """The repository this package runs from (an editable install): where ``.venv-vllm`` is looked for."""
 SERVED_NAME = "policy"
 """The name the server serves the base model under (``--served-model-name``)."""
+STOP_GRACE_S = 15.0
+"""How long a server has to stop after SIGTERM (``stop()``, or its watchdog) before its group gets SIGKILL."""
 
 
 class VLLMError(UserFacingError):
@@ -256,11 +270,19 @@ class VLLMServer:
     """A vLLM server process this engine started (or, ``process=None``, one it was given by URL)."""
 
     def __init__(
-        self, url: str, process: subprocess.Popen | None = None, log_path: Path | None = None
+        self,
+        url: str,
+        process: subprocess.Popen | None = None,
+        log_path: Path | None = None,
+        watchdog: watchdogs.Watchdog | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.process = process
         self.log_path = log_path
+        self.watchdog = watchdog
+        """The watchdog that stops the server's process group if this process dies (None: none)."""
+        self.leader_start = (watchdogs.process_start(process.pid) or 0) if process is not None else 0
+        """The start time of the server process, the leader of its group (0: not known)."""
         self.started_s = 0.0
         """Seconds from the command to a healthy server (0 for a server given by URL)."""
 
@@ -290,44 +312,110 @@ class VLLMServer:
         except httpx.HTTPError:
             return False
 
-    def stop(self, grace_s: float = 15.0) -> None:
-        """SIGTERM to the server's process group (vLLM's engine core is a child process), then SIGKILL."""
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """SIGTERM to the server's process group (vLLM's engine core and workers are child processes), SIGKILL
+        to the group after ``grace_s`` (a server stuck loading or reloading), then SIGKILL to whatever of the
+        group outlived the server, and the shared memory a killed group could not unlink is removed; its
+        watchdog forgets it once none of it is left."""
         proc, self.process = self.process, None
-        if proc is None or proc.poll() is not None:
+        if proc is None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
+        pgid = proc.pid
+        ours = proc.poll() is None or watchdogs.group_is_ours(pgid, self.leader_start)
+        held = watchdogs.shm_held(watchdogs.group_members(pgid)) if ours else set()  # what SIGKILL would leave
+        if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=grace_s)
-        with contextlib.suppress(ProcessLookupError):  # children that outlived the server itself
-            os.killpg(proc.pid, signal.SIGKILL)
+                os.killpg(pgid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pgid, signal.SIGKILL)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=watchdogs.KILL_WAIT_S)
+        if watchdogs.group_is_ours(pgid, self.leader_start):  # what outlived the server (its engine core)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+            watchdogs.wait_gone(pgid, watchdogs.KILL_WAIT_S)
+        watchdogs.remove_leaked_shm(held)
+        if self.watchdog is not None and proc.poll() is not None and not watchdogs.group_members(pgid):
+            with contextlib.suppress(OSError):  # a watchdog that died has nothing to forget
+                self.watchdog.release_group(pgid)
 
 
-def _die_with_parent(parent: int) -> None:
-    """In the child before exec: start a process group of its own, and (Linux) get SIGTERM when the
-    process that started it dies, so a killed trainer leaves no server behind (vLLM's server then stops
-    its engine processes). A parent that died before the signal was set up is caught by its pid."""
-    os.setsid()
-    with contextlib.suppress(Exception):
+@functools.cache
+def _prctl() -> tuple[Callable[..., int] | None, str]:
+    """libc's ``prctl``, looked up in this process (never between fork and exec), or None and why not."""
+    if not sys.platform.startswith("linux"):
+        return None, f"{sys.platform} has no PR_SET_PDEATHSIG"
+    try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # the C library already loaded: glibc, musl, ...
+    except (OSError, AttributeError) as exc:
+        return None, f"prctl not found in the C library: {exc}"
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    return prctl, ""
+
+
+_PR_SET_PDEATHSIG = 1
+_warned_no_prctl = False
+
+
+def _die_with_parent(prctl: Callable[..., int], parent: int) -> None:
+    """In the child, between fork and exec (its own session is already set up by ``start_new_session``):
+    SIGTERM when the thread that forked it ends (the main thread: see the module docstring). Only the
+    ``prctl`` looked up before the fork is called. A parent that died before that is caught by its pid."""
+    if prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+        os.write(2, b"searchr1: prctl(PR_SET_PDEATHSIG) failed: only the watchdog stops this server\n")
     if os.getppid() != parent:  # the trainer is already gone
         os._exit(1)
 
 
+def _death_signal() -> Callable[[], None] | None:
+    """What the server's child runs before exec: the death signal, when this is the main thread and this
+    system has ``prctl``; None otherwise (one warning when there is no ``prctl``)."""
+    global _warned_no_prctl
+    if threading.current_thread() is not threading.main_thread():
+        return None  # it would fire when this thread ends, not the process: the watchdog covers it
+    prctl, why = _prctl()
+    if prctl is None:
+        if not _warned_no_prctl:
+            _warned_no_prctl = True
+            print(
+                f"warning: no death signal for the vLLM server ({why}): if this process is killed, its "
+                "watchdog alone stops the server",
+                file=sys.stderr,
+                flush=True,
+            )
+        return None
+    return functools.partial(_die_with_parent, prctl, os.getpid())
+
+
+def _watchdog() -> watchdogs.Watchdog | None:
+    """This process's watchdog, or None (with a warning) when it cannot be started."""
+    try:
+        return watchdogs.shared()
+    except OSError as exc:
+        print(
+            f"warning: no watchdog for the vLLM server ({exc}): a killed run may leave it running",
+            file=sys.stderr,
+            flush=True,
+        )
+        return None
+
+
 def start_server(launch: Launch, log_dir: Path | None = None) -> VLLMServer:
     """Start vLLM's OpenAI-compatible server on a free loopback port and wait until ``/health`` answers;
-    ``VLLMError`` with vLLM's own reason (one line) when it exits or does not come up in time."""
+    ``VLLMError`` with vLLM's own reason (one line) when it exits or does not come up in time. Its process
+    group is registered with this process's watchdog as soon as it exists."""
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="searchr1-vllm-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / "vllm-server.log"
     port = free_port()
     cmd = launch.command(port)
+    watchdog = _watchdog()  # started before the server: no moment when the server runs unwatched
     print(f"vllm: starting a server for {launch.model} (log: {log_path})", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     with log_path.open("wb") as log:
@@ -339,9 +427,13 @@ def start_server(launch: Launch, log_dir: Path | None = None) -> VLLMServer:
             stdout=log,
             stderr=subprocess.STDOUT,
             env=launch.environment(),
-            preexec_fn=functools.partial(_die_with_parent, os.getpid()),
+            start_new_session=True,  # a process group of its own, to stop it with everything it started
+            preexec_fn=_death_signal(),
         )
-    server = VLLMServer(f"http://127.0.0.1:{port}", process, log_path)
+    if watchdog is not None:
+        with contextlib.suppress(OSError):
+            watchdog.guard_group(process.pid, STOP_GRACE_S)
+    server = VLLMServer(f"http://127.0.0.1:{port}", process, log_path, watchdog)
     atexit.register(server.stop)
     deadline = t0 + launch.start_timeout_s
     while True:

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from must_run import skip_or_fail
 
 from searchr1.cli import main
 
@@ -34,7 +35,7 @@ def test_every_mode_on_the_nq_sample_with_the_real_model(tmp_path, capsys):
     try:
         resolve_model("smollm2-135m-instruct")
     except ModelNotFoundError as exc:
-        pytest.skip(f"the packaged model is not installed: {exc}")
+        skip_or_fail(f"the packaged model is not installed: {exc}")
     out = tmp_path / "ev"
     argv = ["eval", "--model", "smollm2-135m-instruct", "--template", "instruct",
             "--data", SAMPLE / "nq_test_sample.jsonl", "--corpus", SAMPLE / "wiki18_sample_corpus.jsonl",

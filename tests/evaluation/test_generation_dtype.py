@@ -13,7 +13,6 @@ import torch
 from engine_spy import spy_eval_engines
 
 from searchr1.cli import main
-from searchr1.precision import fast_bf16
 from searchr1.rollout.types import Role
 
 TINY = ["--max-turns", "2", "--max-turn-tokens", "8", "--batch-size", "3"]
@@ -65,15 +64,26 @@ def test_dtype_float32_generates_in_float32_and_is_recorded(
     code = main([str(a) for a in _eval(tiny_model_dir, world_files, out, "--dtype", "float16")])
     assert code == 2 and "different dtype ('float32', now 'float16')" in capsys.readouterr().err
 
-    if not fast_bf16(torch.device("cpu")):
-        return  # auto is float32 here, and bfloat16 would fall back to it (with a warning)
-    seen.clear()
+
+@pytest.mark.parametrize(("bf16_units", "expected"), [(True, "bfloat16"), (False, "float32")])
+def test_the_default_auto_follows_the_cpus_bfloat16_units(
+    bf16_units, expected, tiny_model_dir, world_files, tmp_path, monkeypatch
+):
+    """No --dtype: auto, bfloat16 on a CPU with bfloat16 units, else the model's float32. The capability is
+    injected, so both branches run on every CPU, whichever it is."""
+    from searchr1 import precision
+
+    monkeypatch.setattr(precision, "cpu_has_fast_bf16", lambda: bf16_units)
+    _, seen = spy_eval_engines(monkeypatch)
     out = tmp_path / "auto"
-    assert main([str(a) for a in _eval(tiny_model_dir, world_files, out)]) == 0  # no --dtype: auto
-    assert json.loads((out / "agent" / "summary.json").read_text())["settings"]["dtype"] == "bfloat16"
+    assert main([str(a) for a in _eval(tiny_model_dir, world_files, out, "--limit", "4")]) == 0  # no --dtype
+    assert json.loads((out / "agent" / "summary.json").read_text())["settings"]["dtype"] == expected
     gap = _gap_to_float32(tiny_model_dir, seen)
-    print(f"default (auto = bfloat16 here): stored log-probs {gap:.1e} from a float32 forward pass")
-    assert gap > 1e-3  # generated in bfloat16
+    print(f"auto with bfloat16 units {bf16_units}: stored log-probs {gap:.1e} from a float32 forward pass")
+    if bf16_units:
+        assert gap > 1e-3  # generated in bfloat16
+    else:
+        assert gap < 1e-4
 
 
 class _EngineOfOneDtype:

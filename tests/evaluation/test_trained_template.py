@@ -151,22 +151,20 @@ def test_an_exported_policy_carries_its_template(base_run, tmp_path, capsys):
 
 
 def test_ask_uses_the_training_template_too(base_run, capsys):
+    """The prompt ask sends (the first segment of its --json record) is the training template's, and the
+    printed line says so; ``--template instruct`` sends another."""
     run, world = base_run
     model = run / "checkpoints" / "step_000001" / "model"
-    code, _, err = run_cli(
-        [
-            "ask",
-            "Where was Ivo Marsk born?",
-            "--model",
-            model,
-            "--corpus",
-            world["corpus"],
-            "--json",
-            *TINY_LIMITS,
-        ],
-        capsys,
-    )
+    argv = ["ask", "Where was Ivo Marsk born?", "--model", model, "--corpus", world["corpus"], "--json",
+            *TINY_LIMITS]  # fmt: skip
+    code, stdout, err = run_cli(argv, capsys)
     assert code == 0 and template_line(err).startswith("template: base (the one this model was trained with")
+    sent = json.loads(stdout)["segments"][0]["text"]
+    assert sent.startswith("Answer the given question.") and "Where was Ivo Marsk born?" in sent
+    code, stdout, err = run_cli([*argv, "--template", "instruct"], capsys)
+    assert code == 0 and template_line(err).startswith("template: instruct (given)")
+    sent = json.loads(stdout)["segments"][0]["text"]
+    assert not sent.startswith("Answer the given question.") and "Where was Ivo Marsk born?" in sent
 
 
 def test_a_template_file_travels_with_the_export_and_a_lost_one_is_named(tiny_model_dir, tmp_path, capsys):

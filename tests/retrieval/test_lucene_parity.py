@@ -15,6 +15,7 @@ import pytest
 from searchr1.retrieval.analysis import LuceneEnglishAnalyzer, PorterStemmer
 from searchr1.retrieval.bm25 import BM25Retriever, lucene_length, lucene_norm
 from searchr1.retrieval.corpus import read_corpus
+from tests.must_run import skip_or_fail
 from tests.sample_data import sample_file
 
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "lucene_wiki18.json").read_text(encoding="utf-8"))
@@ -51,7 +52,7 @@ def test_document_lengths_are_lucenes_one_byte_norms():
 def test_rankings_and_scores_equal_lucenes_on_the_wiki18_sample():
     corpus = sample_file("wiki18_sample_corpus.jsonl")
     if hashlib.sha256(corpus.read_bytes()).hexdigest() != FIXTURE["corpus_sha256"]:
-        pytest.skip("the shared sample changed: regenerate the fixture with scripts/lucene_rankings.py")
+        skip_or_fail("the shared sample changed: regenerate the fixture with scripts/lucene_rankings.py")
     r = BM25Retriever.from_documents(list(read_corpus(corpus)))
     assert (r.params.k1, r.params.b, r.params.analyzer) == (0.9, 0.4, "lucene-english")
     rankings = FIXTURE["rankings"]

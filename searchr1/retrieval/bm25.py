@@ -14,8 +14,9 @@ b 0.4, Lucene's English analyzer (``retrieval.analysis``), and |d| as Lucene sto
 settings of earlier versions are preset ``bm25s`` (k1 1.5, b 0.75, a regex tokenizer, a Snowball
 stemmer, exact lengths). Every (term, doc) score is precomputed into a sparse column matrix (CSC:
 column t lists the documents holding term t, ascending, with their scores), so a query is a sum of a
-few columns and a top-k; a query term repeated n times counts n times (as Anserini's bag-of-words
-query boosts it).
+few columns and a top-k; a query term repeated n times is one clause boosted by n, as Anserini's
+bag-of-words query builds it (``bm25_index.boosted_scores``: ``w - w / (1 + tf inv)`` with
+``w = float32(n idf)``).
 
 Top-k is exact and, for the lucene variant, pruned in the manner of MaxScore (Turtle & Flood, 1995,
 "Query evaluation: strategies and optimizations"): columns are taken in decreasing order of their
@@ -30,8 +31,10 @@ On disk (``folder/bm25``): ``data.csc.index.npy`` / ``indices.csc.index.npy`` / 
 (bm25s's names), ``term_max.npy`` (each column's largest score), ``vocab.hash.npy`` + ``vocab.ids.npy``
 (sorted 64-bit hashes of the terms and their column ids: a term is found by binary search in a memory
 map, so serving 10M terms costs neither a dictionary in memory nor seconds of loading), ``vocab.txt``
-(the terms, one per line in column order, for people), ``params.index.json``, ``tokenizer.json``
-(the settings). Columns are in the order of the terms' hashes (``bm25_build``). Folders written by
+(the terms, one per line in column order, for people), ``norms.npy`` (Lucene's one-byte norm a
+passage: a repeated query term scored as Anserini does), ``id_keys.npy`` (8 bytes a passage: the ids'
+text order, for Anserini's order of tied hits), ``params.index.json`` (with N and avgdl),
+``tokenizer.json`` (the settings). Columns are in the order of the terms' hashes (``bm25_build``). Folders written by
 earlier versions (bm25s's ``vocab.index.json``; no ``analyzer`` setting) still load.
 """
 

@@ -641,8 +641,8 @@ def peer_bm25(index: Path, corpus: Path, queries: list[str], threads: int, workd
     peer: dict[str, Any] = {"pyserini": lucene["pyserini"], "threads": threads, "queries": len(queries),
                             "load": load.summary(), "pyserini_qps_b128": lucene["qps_b128"],
                             "pyserini_index_gb": lucene["index_bytes"] / 1e9}  # fmt: skip
-    prior = _load_rows(workdir).get(f"peer:{n}", {})
-    peer["pyserini_build_s"] = lucene.get("build_s", prior.get("pyserini_build_s"))
+    # a Lucene index built by an earlier run is reused: its build time is the one recorded then
+    peer["pyserini_build_s"] = lucene.get("build_s", (row.get("peer") or {}).get("pyserini_build_s"))
     r = load_index(index)
     peer["ours_qps_b128_inprocess"], ours = _threaded_search(r, queries, threads)
     r.close()

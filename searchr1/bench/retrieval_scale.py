@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from searchr1.bench import BenchResult, format_table
-from searchr1.bench._workload import free_port, sample_corpus
+from searchr1.bench._workload import free_port, sample_corpus, start_server
 from searchr1.retrieval.corpus import Document, read_corpus
 from searchr1.retrieval.dense import Encoder, set_search_params
 from searchr1.retrieval.dense_build import DenseIndexSpec, build_from_vectors, read_index
@@ -589,7 +589,6 @@ def _threaded_search(r, queries: list[str], threads: int, batch: int = 128) -> t
 
 def server_qps(index: Path, queries: list[str], threads: int, log: Path, batch: int = 128) -> float:
     """Queries/s through ``searchr1 serve`` (its own process, one client, batches back to back)."""
-    from searchr1.bench._workload import start_server
     from searchr1.retrieval.client import RetrievalClient
 
     port = free_port()

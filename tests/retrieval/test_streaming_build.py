@@ -398,3 +398,33 @@ def test_cli_names_an_unfinished_build_and_resumes_it(tmp_path, monkeypatch, cap
     assert "unfinished build" in capsys.readouterr().err
     assert main([*args, "--resume"]) == 0
     assert "indexed 120 passages" in capsys.readouterr().out
+
+
+def test_repeated_ids_and_empty_passages_are_named_by_line_or_skipped_keeping_the_first(tmp_path, monkeypatch):
+    lines = [json.dumps({"id": str(i), "contents": f'"T{i}"\nw{i}x text'}) for i in range(100)]
+    lines[80] = json.dumps({"id": "7", "contents": '"Other"\nrepeats an id read 73 lines before'})
+    lines[90] = json.dumps({"id": "90", "contents": " \n "})
+    lines[95] = json.dumps({"id": " ", "contents": "no id"})
+    corpus = tmp_path / "bad.jsonl"
+    corpus.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=r"bad\.jsonl:81: id '7' repeats the id of passage 7 .*ids must be unique"):
+        build_index(corpus, tmp_path / "a", chunk_passages=30, show_progress=False)
+    with pytest.raises(IndexLoadError):  # nothing left that loads as an index
+        load_index(tmp_path / "a")
+    body = "\n".join(lines[:80] + lines[81:]) + "\n"
+    (tmp_path / "empty.jsonl").write_text(body)
+    with pytest.raises(ValueError, match=r"empty\.jsonl:90: empty 'contents'"):
+        build_index(tmp_path / "empty.jsonl", tmp_path / "e", show_progress=False)
+    (tmp_path / "noid.jsonl").write_text("\n".join(lines[95:]) + "\n")
+    with pytest.raises(ValueError, match=r"noid\.jsonl:1: field 'id' is empty"):
+        build_index(tmp_path / "noid.jsonl", tmp_path / "n", show_progress=False)
+    # skipped and counted, across a resume whose checkpoint holds the first "7"
+    with monkeypatch.context() as m:
+        _interrupt_after(m, BM25StreamBuilder, "add_chunk", 2, KeyboardInterrupt())
+        with pytest.raises(KeyboardInterrupt):
+            build_index(corpus, tmp_path / "b", chunk_passages=30, skip_bad_lines=True, show_progress=False)
+    m = build_index(corpus, tmp_path / "b", chunk_passages=30, skip_bad_lines=True, show_progress=False,
+                    resume=True)  # fmt: skip
+    assert m.num_documents == 97 and m.skipped_lines == 3
+    r = load_index(tmp_path / "b")
+    assert [h.id for h in r.search(["w7x"], 3)[0]] == ["7"] and r.docs[7].title == "T7"

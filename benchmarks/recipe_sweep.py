@@ -178,6 +178,7 @@ def main() -> int:
     )
     parser.add_argument("--jobs", type=int, default=2, help="runs trained at once (searchr1 demo --jobs)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/recipe_sweep.json"))
+    parser.add_argument("--note", default="", help="a line kept in the JSON (how the runs went)")
     args = parser.parse_args()
     previous = json.loads(args.out.read_text()) if args.out.is_file() else {"rows": []}
     if previous.get("rule") != RULE:  # a new round: the former one is kept apart
@@ -211,6 +212,7 @@ def main() -> int:
         "recipe": RECIPE,
         "variants": variants,
         "verdict": choose(variants, rows),
+        **({"note": args.note} if args.note else {}),
         "rows": rows,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "earlier_rounds": previous.get("earlier_rounds", []),

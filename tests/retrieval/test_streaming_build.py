@@ -200,6 +200,16 @@ def _interrupt_after(monkeypatch, target, name: str, calls: int, exc: BaseExcept
     monkeypatch.setattr(target, name, wrapped)
 
 
+
+def _skipping_build_interrupted_then_resumed(monkeypatch, corpus, out):
+    """A build that skips bad lines, interrupted after its second chunk (30 passages each), then resumed:
+    its manifest."""
+    with monkeypatch.context() as m:
+        _interrupt_after(m, BM25StreamBuilder, "add_chunk", 2, KeyboardInterrupt())
+        with pytest.raises(KeyboardInterrupt):
+            build_index(corpus, out, chunk_passages=30, skip_bad_lines=True, show_progress=False)
+    return build_index(corpus, out, chunk_passages=30, skip_bad_lines=True, show_progress=False, resume=True)
+
 def test_a_resumed_bm25_build_equals_an_uninterrupted_one(tmp_path, monkeypatch):
     docs = _zipf_docs(250)
     corpus = write_corpus(docs, tmp_path / "c.jsonl")
@@ -246,12 +256,7 @@ def test_bad_lines_are_named_or_skipped_and_counted_across_a_resume(tmp_path, mo
     corpus.write_text("\n".join(lines) + "\n")
     with pytest.raises(ValueError, match=r"bad\.jsonl:11: invalid JSON"):
         build_index(corpus, tmp_path / "a", show_progress=False)
-    with monkeypatch.context() as m:
-        _interrupt_after(m, BM25StreamBuilder, "add_chunk", 2, KeyboardInterrupt())
-        with pytest.raises(KeyboardInterrupt):
-            build_index(corpus, tmp_path / "b", chunk_passages=30, skip_bad_lines=True, show_progress=False)
-    m = build_index(corpus, tmp_path / "b", chunk_passages=30, skip_bad_lines=True, show_progress=False,
-                    resume=True)  # fmt: skip
+    m = _skipping_build_interrupted_then_resumed(monkeypatch, corpus, tmp_path / "b")
     assert m.num_documents == 98 and m.skipped_lines == 2
 
 
@@ -419,12 +424,7 @@ def test_repeated_ids_and_empty_passages_are_named_by_line_or_skipped_keeping_th
     with pytest.raises(ValueError, match=r"noid\.jsonl:1: field 'id' is empty"):
         build_index(tmp_path / "noid.jsonl", tmp_path / "n", show_progress=False)
     # skipped and counted, across a resume whose checkpoint holds the first "7"
-    with monkeypatch.context() as m:
-        _interrupt_after(m, BM25StreamBuilder, "add_chunk", 2, KeyboardInterrupt())
-        with pytest.raises(KeyboardInterrupt):
-            build_index(corpus, tmp_path / "b", chunk_passages=30, skip_bad_lines=True, show_progress=False)
-    m = build_index(corpus, tmp_path / "b", chunk_passages=30, skip_bad_lines=True, show_progress=False,
-                    resume=True)  # fmt: skip
+    m = _skipping_build_interrupted_then_resumed(monkeypatch, corpus, tmp_path / "b")
     assert m.num_documents == 97 and m.skipped_lines == 3
     r = load_index(tmp_path / "b")
     assert [h.id for h in r.search(["w7x"], 3)[0]] == ["7"] and r.docs[7].title == "T7"

@@ -243,7 +243,7 @@ def infer_source(path: str | Path) -> str:
     return stem
 
 
-def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
+def jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
@@ -266,7 +266,7 @@ def read_flashrag_jsonl(
     path = Path(path)
     if not path.is_file():
         raise DataError(f"dataset file not found: {path}")
-    return _collect(_jsonl_rows(path), source, split, skip_bad, stats)
+    return _collect(jsonl_rows(path), source, split, skip_bad, stats)
 
 
 def write_flashrag_jsonl(samples: Iterable[Sample], path: str | Path) -> Path:

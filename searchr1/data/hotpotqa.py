@@ -22,6 +22,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from searchr1.data.formats import DataError, jsonl_rows
+
 DATA_SOURCE = "hotpotqa"
 
 
@@ -34,7 +36,9 @@ def _pairs(block: Any, second: str) -> list[tuple[str, Any]]:
     if isinstance(block, Mapping):
         return list(zip([str(t) for t in block.get("title") or []], block.get(second) or [], strict=False))
     if isinstance(block, list | tuple):
-        return [(str(item[0]), item[1]) for item in block if isinstance(item, list | tuple) and len(item) == 2]
+        return [
+            (str(item[0]), item[1]) for item in block if isinstance(item, list | tuple) and len(item) == 2
+        ]
     return []
 
 
@@ -56,7 +60,10 @@ def flashrag_row(row: Mapping[str, Any]) -> dict[str, Any]:
 
 def paragraphs(row: Mapping[str, Any]) -> list[tuple[str, str]]:
     """A row's context paragraphs as ``(title, text)``."""
-    return [(title, "".join(str(s) for s in sentences).strip()) for title, sentences in _pairs(row.get("context"), "sentences")]
+    return [
+        (title, "".join(str(s) for s in sentences).strip())
+        for title, sentences in _pairs(row.get("context"), "sentences")
+    ]
 
 
 def read_raw(path: str | Path) -> list[dict[str, Any]]:
@@ -69,13 +76,10 @@ def read_raw(path: str | Path) -> list[dict[str, Any]]:
             raise HotpotQAError(f"{path}: expected a JSON list of HotpotQA rows")
         return rows
     out = []
-    for n, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise HotpotQAError(f"{path}:{n}: not JSON ({exc.msg})") from None
+    for where, row in jsonl_rows(path):  # the project's line reader: a bad line comes back as its error
+        if isinstance(row, DataError):
+            raise HotpotQAError(f"{where}: not JSON ({str(row).removeprefix(f'{where}: invalid JSON: ')})")
+        out.append(row)
     return out
 
 

@@ -285,6 +285,9 @@ class VLLMServer:
         """The start time of the server process, the leader of its group (0: not known)."""
         self.started_s = 0.0
         """Seconds from the command to a healthy server (0 for a server given by URL)."""
+        self.shm: set[str] = set()
+        """The files in /dev/shm its group held when it became healthy (vLLM's engine core and worker map
+        them at start): removed by ``stop()`` if the group, killed, left them, even one already gone."""
 
     @property
     def owned(self) -> bool:
@@ -322,7 +325,9 @@ class VLLMServer:
             return
         pgid = proc.pid
         ours = proc.poll() is None or watchdogs.group_is_ours(pgid, self.leader_start)
-        held = watchdogs.shm_held(watchdogs.group_members(pgid)) if ours else set()  # what SIGKILL would leave
+        held = set(self.shm)  # what SIGKILL would leave: what the group held when it became healthy, and now
+        if ours:
+            held |= watchdogs.shm_held(watchdogs.group_members(pgid))
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGTERM)
@@ -454,6 +459,7 @@ def start_server(launch: Launch, log_dir: Path | None = None) -> VLLMServer:
             )
         time.sleep(0.5)
     server.started_s = time.perf_counter() - t0
+    server.shm = watchdogs.shm_held(watchdogs.group_members(process.pid))
     print(f"vllm: server ready at {server.url} in {server.started_s:.0f} s", file=sys.stderr, flush=True)
     return server
 

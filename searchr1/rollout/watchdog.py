@@ -14,7 +14,10 @@ to the whole group after its grace period, until no process of it is left), remo
 registered, prints one line saying what it did, and exits. A clean shutdown releases everything first, so
 the EOF that follows finds nothing to do. A group that needed SIGKILL could not unlink its shared memory
 (vLLM's engine core and worker hold ~400 MB of ``/dev/shm/psm_*``): the files in /dev/shm the group held are
-removed once it is gone, unless another process still holds them.
+removed once it is gone, unless another process still holds them. What a group holds is read while it
+runs (at registration, then every ``RESCAN_S``), not only at the death: the kernel's death signal reaches
+the server at the same moment as the EOF, and a vLLM server interrupted while reloading weights kills its
+engine core at once, before the watchdog could read which files that process had mapped.
 
 The watchdog runs in a session of its own (Ctrl-C or a closed terminal reaches the trainer, not it) and
 imports only the standard library: it is started as ``python -I <this file>`` and never imports torch.
@@ -26,17 +29,21 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 KILL_WAIT_S = 10.0
 """After SIGKILL, how long the watchdog waits for the group's processes to be gone before it moves on."""
+RESCAN_S = 1.0
+"""How often the watchdog reads which files in /dev/shm the registered groups hold (a few ms of work)."""
 SHM = Path("/dev/shm")
 """Where the shared memory that a killed group leaves is looked for."""
 
@@ -154,15 +161,17 @@ def remove_leaked_shm(paths: set[str]) -> int:
     return freed
 
 
-def stop_group(pgid: int, leader_start: int, grace_s: float) -> str | None:
+def stop_group(pgid: int, leader_start: int, grace_s: float, held_before: Iterable[str] = ()) -> str | None:
     """SIGTERM to process group ``pgid``, SIGKILL to it after ``grace_s`` if any of it is left, until none
-    is (at most ``KILL_WAIT_S`` more); then the shared memory it held and left behind is removed. Returns
-    what happened in a few words, or None when the group is no longer the one registered (gone, or its id
-    reused): then nothing is signalled."""
+    is (at most ``KILL_WAIT_S`` more); then the shared memory it held (now or, ``held_before``, earlier)
+    and left behind is removed. Returns what happened in a few words, or None when nothing was done: a
+    group no longer the one registered (gone, or its id reused) is not signalled, and only what it left in
+    /dev/shm is removed."""
     if not group_is_ours(pgid, leader_start):
-        return None
+        freed = remove_leaked_shm(set(held_before))
+        return f"already gone; {freed / 1e6:.0f} MB of shared memory it left freed" if freed else None
     t0 = time.monotonic()
-    held = shm_held(group_members(pgid))
+    held = set(held_before) | shm_held(group_members(pgid))
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGTERM)
     if wait_gone(pgid, grace_s):
@@ -262,15 +271,48 @@ def _say(line: str) -> None:
         print(f"searchr1 watchdog: {line}", file=sys.stderr, flush=True)
 
 
-def watch(lines, owner: int) -> int:
-    """Read registrations from ``lines`` until EOF, then stop and remove what is still registered."""
-    groups: dict[int, tuple[int, float]] = {}
-    folders: dict[str, None] = {}  # in registration order
+@dataclass
+class _Guarded:
+    """A registered group: its leader's start time, its grace period, the files in /dev/shm it was seen to
+    hold."""
+
+    start: int
+    grace_s: float
+    held: set[str]
+
+    def rescan(self, pgid: int) -> None:
+        if group_is_ours(pgid, self.start):
+            self.held |= shm_held(group_members(pgid))
+        self.held = {name for name in self.held if os.path.exists(name)}  # those it removed itself: forgotten
+
+
+def _lines_to(inbox: queue.Queue, lines) -> None:
     for raw in lines:
+        inbox.put(raw)
+    inbox.put(None)  # EOF
+
+
+def watch(lines, owner: int, rescan_s: float = RESCAN_S) -> int:
+    """Read registrations from ``lines`` until EOF (reading the shared memory the registered groups hold at
+    each registration and every ``rescan_s`` in between), then stop and remove what is still registered."""
+    groups: dict[int, _Guarded] = {}
+    folders: dict[str, None] = {}  # in registration order
+    inbox: queue.Queue = queue.Queue()
+    threading.Thread(target=_lines_to, args=(inbox, lines), daemon=True).start()
+    while True:
+        try:
+            raw = inbox.get(timeout=rescan_s)
+        except queue.Empty:
+            for pgid, guarded in groups.items():
+                guarded.rescan(pgid)
+            continue
+        if raw is None:
+            break
         word, _, rest = raw.decode(errors="surrogateescape").rstrip("\n").partition(" ")
         if word == "group":
             pgid, start, grace = rest.split()
-            groups[int(pgid)] = (int(start), float(grace))
+            groups[int(pgid)] = _Guarded(int(start), float(grace), set())
+            groups[int(pgid)].rescan(int(pgid))
         elif word == "release-group":
             groups.pop(int(rest), None)
         elif word == "folder":
@@ -278,9 +320,11 @@ def watch(lines, owner: int) -> int:
         elif word == "release-folder":
             folders.pop(rest, None)
     done = []
-    for pgid, (start, grace) in groups.items():
-        how = stop_group(pgid, start, grace)
-        if how is not None:
+    for pgid, guarded in groups.items():
+        how = stop_group(pgid, guarded.start, guarded.grace_s, guarded.held)
+        if how is not None and how.startswith("already gone"):
+            done.append(f"the vLLM server's process group {pgid} was {how}")
+        elif how is not None:
             done.append(f"stopped the vLLM server's process group {pgid} ({how})")
     for folder in folders:
         if Path(folder).exists():

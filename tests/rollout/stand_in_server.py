@@ -2,9 +2,11 @@
 starts a child process in its own process group (as vLLM starts its engine core), both map a segment of
 shared memory in /dev/shm (as vLLM's engine core and worker do), it answers ``GET /health`` unless told it
 is still loading, and it can be stuck: deaf to SIGTERM, it and its child, as a server in the middle of
-loading or reloading weights may be.
+loading weights may be; or reloading: on SIGTERM it kills its child at once with SIGKILL (the child alone
+maps the segment then, and cannot remove it) and stays, deaf to more SIGTERM, as vLLM's server does when
+stopped in the middle of a weight reload.
 
-    python stand_in_server.py PORT STATUS_FILE [--loading] [--stuck]
+    python stand_in_server.py PORT STATUS_FILE [--loading] [--stuck | --reloading]
 
 It writes one line to STATUS_FILE once its child runs: ``<pid> <child pid> <death signal> <segment>``, where
 the death signal is the one the kernel will send it when the thread that started it ends
@@ -42,6 +44,8 @@ class Health(http.server.BaseHTTPRequestHandler):
 
 
 SEGMENT_BYTES = 1_000_000
+KEPT: list[mmap.mmap] = []
+"""The server's own mapping of the segment (none while reloading: then its child alone maps it)."""
 
 
 def mapped(path: Path) -> mmap.mmap:
@@ -60,15 +64,24 @@ def child(segment: Path, stuck: bool) -> None:
 
 def main(argv: list[str]) -> None:
     port, status = int(argv[0]), Path(argv[1])
-    loading, stuck = "--loading" in argv, "--stuck" in argv
+    loading, stuck, reloading = "--loading" in argv, "--stuck" in argv, "--reloading" in argv
     segment = Path(f"/dev/shm/searchr1-stand-in-{os.getpid()}")
     segment.write_bytes(b"\0" * SEGMENT_BYTES)
-    held = mapped(segment)
+    if not reloading:
+        KEPT.append(mapped(segment))
     core = subprocess.Popen(
         [sys.executable, __file__, "child", str(segment), *(["--stuck"] if stuck else [])]
     )
     if stuck:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    elif reloading:
+
+        def interrupted(*_):
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            core.kill()
+            core.wait()
+
+        signal.signal(signal.SIGTERM, interrupted)
     else:
 
         def stop(*_):
@@ -81,7 +94,7 @@ def main(argv: list[str]) -> None:
         signal.signal(signal.SIGTERM, stop)
     status.write_text(f"{os.getpid()} {core.pid} {death_signal()} {segment}\n")
     if loading:
-        while held:
+        while True:
             time.sleep(1)
     http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
 

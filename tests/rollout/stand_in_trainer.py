@@ -2,7 +2,7 @@
 as the engine does (``make_weights_dir(guard=True)``) and starts a server as the engine does
 (``start_server``), with ``stand_in_server.py`` as the server; then it waits to be killed.
 
-    python stand_in_trainer.py WEIGHTS_ROOT STATUS_FILE [--thread] [--loading] [--stuck]
+    python stand_in_trainer.py WEIGHTS_ROOT STATUS_FILE [--thread] [--loading] [--stuck | --reloading]
 
 ``--thread``: the server is started on a worker thread, which then ends. It prints one JSON line with the
 weights folder before starting the server, and ``ready`` once the server answers (never with ``--loading``).
@@ -40,7 +40,7 @@ def main(argv: list[str]) -> None:
     folder = make_weights_dir(2_000_000, [root], guard=True, quiet=True)
     (folder / "model.safetensors").write_bytes(b"x" * 2_000_000)
     print(json.dumps({"folder": str(folder)}), flush=True)
-    launch = StandInLaunch(status, [f for f in flags if f in ("--loading", "--stuck")])
+    launch = StandInLaunch(status, [f for f in flags if f in ("--loading", "--stuck", "--reloading")])
     if "--thread" in flags:
         worker = threading.Thread(target=vllm_server.start_server, args=(launch,))
         worker.start()

@@ -67,6 +67,7 @@ def _kill_trainer(tmp_path: Path, *flags: str) -> dict:
             assert trainer.stdout.readline().strip() == "ready", log.read_text()
         assert folder.is_dir() and sorted(watchdog.group_members(leader)) == sorted([leader, child])
         assert segment.is_file()
+        time.sleep(3 * watchdog.RESCAN_S)  # the watchdog has read which shared memory the group holds
     finally:
         trainer.kill()  # SIGKILL: nothing of the trainer runs after it
         trainer.wait()
@@ -87,8 +88,11 @@ def _kill_trainer(tmp_path: Path, *flags: str) -> dict:
         (("--stuck",), "SIGTERM, SIGKILL after 2 s"),  # deaf to SIGTERM, it and its child
         # killed while start_server waits for /health:
         (("--loading", "--stuck"), "SIGTERM, SIGKILL after 2 s"),
+        # the kernel's SIGTERM makes it kill its child, the segment's only holder, before the watchdog could
+        # look: what the watchdog read while the group ran is removed
+        (("--reloading",), "SIGTERM, SIGKILL after 2 s"),
     ],
-    ids=["at-rest", "stuck", "loading"],
+    ids=["at-rest", "stuck", "loading", "reloading"],
 )
 def test_a_killed_trainer_leaves_no_server_and_no_weights_folder(flags, how, tmp_path):
     out = _kill_trainer(tmp_path, *flags)
@@ -129,6 +133,19 @@ def test_stop_takes_down_a_stuck_server_group(tmp_path):
     assert not segment.exists()  # the shared memory that SIGKILL kept it from removing
     assert server.failure() is None and not server.healthy(timeout=1)
     print(f"stop(grace_s=1) of a stuck group: {time.monotonic() - t0:.2f} s")
+
+
+def test_stop_removes_the_shared_memory_of_a_group_killed_before_it(tmp_path):
+    """A server whose whole group was killed with SIGKILL (the OOM killer, a user's kill) could not unlink its
+    shared memory, and no process of it is left to say which files it held: ``stop()`` removes what the
+    group held when it became healthy."""
+    server = vllm_server.start_server(_stand_in_launch(tmp_path), log_dir=tmp_path)
+    leader, _, _, segment = _status(tmp_path / "status")
+    assert str(segment) in server.shm
+    os.killpg(leader, signal.SIGKILL)
+    assert watchdog.wait_gone(leader, 10) and segment.is_file()
+    server.stop()
+    assert not segment.exists()
 
 
 def test_without_prctl_one_warning_and_no_death_signal(tmp_path, monkeypatch, capsys):
@@ -204,6 +221,38 @@ def test_a_released_group_is_left_running_when_the_owner_ends(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_the_watchdog_removes_shared_memory_whose_holders_died_before_their_trainer(tmp_path, capsys):
+    """The segment's only holder in the group dies (killed) while the trainer still runs, then the trainer
+    ends: the watchdog read the segment while the holder ran, and removes it."""
+    segment = Path(f"/dev/shm/searchr1-test-{os.getpid()}-held")
+    segment.write_bytes(b"\0" * 2_000_000)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"import mmap, time; f = open({str(segment)!r}, 'r+b'); m = mmap.mmap(f.fileno(), 0)"
+         "; print('mapped', flush=True); time.sleep(600)"],
+        start_new_session=True, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline() == "mapped\n"
+        start = watchdog.process_start(holder.pid)
+
+        def lines():
+            yield f"group {holder.pid} {start} 1\n".encode()
+            time.sleep(0.5)  # a few rescans while it runs
+            holder.kill()
+            holder.wait()
+            assert segment.is_file()  # SIGKILL left it
+            # EOF: the trainer ends
+
+        assert watchdog.watch(lines(), owner=1, rescan_s=0.1) == 0
+        assert not segment.exists()
+        said = capsys.readouterr().err
+        assert f"process group {holder.pid} was already gone; 2 MB of shared memory it left freed" in said
+    finally:
+        holder.kill()
+        holder.wait()
+        segment.unlink(missing_ok=True)
 
 
 def test_shared_memory_a_live_process_holds_is_kept(tmp_path):

@@ -260,9 +260,14 @@ def _gone_after_kill(trainer, server: int, folder: Path, log: Path) -> tuple[flo
     trainer.kill()  # SIGKILL: nothing of the trainer runs after it
     trainer.wait()
     killed = time.monotonic()
-    _wait(lambda: not group_members(server) and not folder.exists() and not any(map(os.path.exists, segments)),
-          GONE_WITHIN_S, "the server group, its shared memory and the weights folder gone after the trainer's "
-          "SIGKILL")  # fmt: skip
+    try:
+        _wait(lambda: not group_members(server) and not folder.exists() and not any(map(os.path.exists, segments)),
+              GONE_WITHIN_S, "the server group, its shared memory and the weights folder gone after the trainer's "
+              "SIGKILL")  # fmt: skip
+    except AssertionError as exc:  # what was left, and what the watchdog said
+        left = [*map(str, group_members(server)), *(str(folder),) * folder.exists(), *filter(os.path.exists, segments)]
+        said = [x for x in log.read_text().splitlines() if "watchdog" in x]
+        raise AssertionError(f"{exc}; left: {left}; the watchdog said: {said}") from None
     gone_s = time.monotonic() - killed
     said = _wait(lambda: [x for x in log.read_text().splitlines() if x.startswith("searchr1 watchdog:")], 30,
                  "the watchdog's line")  # fmt: skip
@@ -350,6 +355,7 @@ def test_a_killed_searchr1_train_leaves_nothing_for_the_next_command(tmp_path):
 def test_a_server_dying_mid_step_fails_the_step_and_resume_continues(smollm2, tmp_path, request):
     import signal
 
+    from searchr1.rollout.watchdog import group_members, shm_held
     from searchr1.trainer import checkpoint
     from searchr1.trainer.loop import RLTrainer
 
@@ -360,8 +366,11 @@ def test_a_server_dying_mid_step_fails_the_step_and_resume_continues(smollm2, tm
     engine = trainer.engine
     real_complete = engine.client.complete
 
+    held: set[str] = set()
+
     def dying(*args, **kwargs):  # the server is killed (all its processes) as step 2's rollout starts
         if trainer.step == 1 and engine.server.process is not None and engine.server.process.poll() is None:
+            held.update(shm_held(group_members(engine.server.process.pid)))
             os.killpg(engine.server.process.pid, signal.SIGKILL)
             engine.server.process.wait()
         return real_complete(*args, **kwargs)
@@ -375,6 +384,8 @@ def test_a_server_dying_mid_step_fails_the_step_and_resume_continues(smollm2, tm
     message = str(err.value)
     assert "\n" not in message and "exit code -9" in message and "trainer.resume=auto" in message
     assert [step for step, _ in checkpoint.list_checkpoints(out)] == [1]
+    # the shared memory (vLLM's psm_* segments) the killed group could not unlink: removed by the trainer
+    assert held and not [name for name in held if os.path.exists(name)]
     shutil.rmtree(out / "engine_weights", ignore_errors=True)
 
     server = request.getfixturevalue("server")  # started now: one server at a time

@@ -3,7 +3,9 @@
     bash scripts/gpu-check.sh            # on a machine with one CUDA GPU (falls back to the CPU without)
 
 Needs only the working tree and the machine's own PyTorch, transformers and peft (no model download: a
-small Qwen2-shaped model is built from a config in code, with a byte-level tokenizer trained on a few lines).
+small Qwen2-shaped model is built from a config in code, with a byte-level tokenizer trained on a few lines);
+part 7 imports the trainer, which also needs ``orjson`` and ``PyStemmer`` (``pip install orjson PyStemmer``
+on a bare GPU image).
 Each part prints one line, ``PASS``, ``FAIL`` or ``SKIP`` with its figures; the exit status is 1 when a part
 fails. On a CPU the CUDA parts print one ``SKIP`` line each and the rest runs on the CPU (the test suite runs
 it that way: ``tests/test_gpu_check.py``).
@@ -14,7 +16,10 @@ it that way: ``tests/test_gpu_check.py``).
 4. the fused decoder of the update in bfloat16 on the device against float32 on the CPU (log-probs);
 5. one GRPO step in bfloat16 on the device: rollout, group advantages, PPO loss through the fused decoder,
    backward, optimizer step (the adapter moves, every gradient finite), step seconds;
-6. FSDP2 (``fully_shard``) in one process over NCCL on the GPU (gloo on the CPU): forward, backward, step.
+6. FSDP2 (``fully_shard``) in one process over NCCL on the GPU (gloo on the CPU): forward, backward, step;
+7. one guided step of the trainer itself on the device (``RLTrainer.train_step``, tiny world): a gold and a
+   branched rollout mixed into the failed group, step credit per search position, policy shaping of the
+   gold tokens; every metric finite, the adapter moved.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "rollout")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "rollout"), str(ROOT / "tests" / "trainer")]
 
 import torch  # noqa: E402
 
@@ -291,9 +296,54 @@ def fsdp2() -> str:
         dist.destroy_process_group()
 
 
+@part("one guided trainer step (gold and branched rollouts, step credit, policy shaping)")
+def guided_trainer_step() -> str:
+    import json
+    import tempfile
+
+    import rlworld
+    from conftest import TINY_TEXTS
+    from tinymodel import save_tiny_checkpoint
+
+    from searchr1.trainer.loop import RLTrainer
+
+    bridge = {"id": "b1", "question": "where was the founder of the Quillon Press born", "golden_answers": ["Borvik"],
+              "metadata": {"type": "bridge", "data_source": "synth", "supporting_titles": ["Quillon Press", "Alice Verdan"]}}  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        world = rlworld.write_world(Path(tmp) / "world")
+        rows = [json.loads(line) for line in world["train"].read_text().splitlines()]
+        world["train"].write_text("".join(json.dumps(r) + "\n" for r in [bridge, *rows[1:8]]))
+        model_dir = save_tiny_checkpoint(Path(tmp) / "model", TINY_TEXTS, seed=0, vocab_size=512)
+        cfg = rlworld.load(
+            world, model_dir, Path(tmp) / "run", trainer__device=device().type, rollout__n=4, rollout__max_turns=2,
+            rollout__max_obs_tokens=60, rollout__max_response_tokens=160, trainer__batch_size=2,
+            trainer__mini_batch_size=2, trainer__total_steps=2, trainer__shuffle=False, guidance__off_policy=1,
+            guidance__branched=1, guidance__share=1.0, guidance__decay_until=1.0, reward__step_gain=0.5,
+        )  # fmt: skip
+        trainer = RLTrainer(cfg)
+        trainer.setup()
+        try:
+            trained = {n: p.detach().clone() for n, p in trainer.policy.named_parameters() if p.requires_grad}
+            metrics = trainer.train_step()
+            moved = max(float((p.detach() - trained[n]).abs().max()) for n, p in trainer.policy.named_parameters()
+                        if n in trained)  # fmt: skip
+            on = {p.device.type for p in trainer.policy.parameters()}
+        finally:
+            trainer.close()
+    bad = {k: v for k, v in metrics.items() if isinstance(v, float) and not torch.isfinite(torch.tensor(v))}
+    assert on == {device().type}, f"the policy is on {on}"
+    assert not bad, f"non-finite metrics: {bad}"
+    assert metrics["guidance/gold"] == 1 and metrics["guidance/branched"] == 1, metrics
+    assert 0 < metrics["guidance/shaping_weight"] < 0.25 and "step/reward_mean" in metrics, metrics
+    assert moved > 0, "the step did not move the adapter"
+    return (f"on {device().type}: guided share {metrics['guidance/share']:.2f}, shaping weight "
+            f"{metrics['guidance/shaping_weight']:.3f}, step reward mean {metrics['step/reward_mean']:+.3f}, "
+            f"adapter moved by {moved:.1e}")  # fmt: skip
+
+
 def main() -> int:
     torch.manual_seed(0)
-    for check in (environment, slot_decoder, rollout, fused_decoder, grpo_step, fsdp2):
+    for check in (environment, slot_decoder, rollout, fused_decoder, grpo_step, guided_trainer_step, fsdp2):
         check()
     print(f"gpu-check: {'FAILED: ' + ', '.join(failures) if failures else 'all parts passed or skipped'}")
     return 1 if failures else 0

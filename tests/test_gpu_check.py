@@ -26,6 +26,7 @@ def test_gpu_check_runs_on_the_cpu_and_skips_the_cuda_part():
         "rollout engine (bfloat16, LoRA policy, scripted searches)": "PASS",
         "fused decoder (bfloat16 on the device) vs float32 on the CPU": "SKIP",
         "one GRPO step (bfloat16)": "PASS",
+        "one guided trainer step (gold and branched rollouts, step credit, policy shaping)": "PASS",
         "FSDP2 in one process (NCCL on the GPU, gloo on the CPU)": "PASS",
     }, out.stdout
     assert "prefix shared: 0 tokens" not in out.stdout  # the slot decoder's shared prefix was exercised

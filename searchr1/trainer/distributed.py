@@ -47,10 +47,14 @@ def init_distributed(device: torch.device) -> DistInfo:
 
 
 def resolve_device(name: str) -> torch.device:
+    """``trainer.device`` as a device with an index (``cuda`` alone: this rank's GPU, ``LOCAL_RANK`` under
+    torchrun, else the current one), made the current CUDA device (``torch.cuda.set_device`` refuses a CUDA
+    device without an index)."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        name = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+    if name == "cuda":
+        multi = int(os.environ.get("WORLD_SIZE", "1")) > 1
+        name = f"cuda:{int(os.environ.get('LOCAL_RANK', '0')) if multi else torch.cuda.current_device()}"
     device = torch.device(name)
     if device.type == "cuda":
         torch.cuda.set_device(device)

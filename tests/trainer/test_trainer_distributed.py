@@ -59,3 +59,30 @@ def distworker_initial(model_dir):
 
         _INITIAL["sd"] = load_model(model_dir).state_dict()
     return _INITIAL["sd"]
+
+
+def test_a_cuda_device_is_resolved_with_an_index(monkeypatch):
+    """``trainer.device=cuda`` (and ``auto`` on a GPU) becomes an indexed device before it is made current:
+    torch.cuda.set_device refuses ``cuda`` alone (found by the GPU check on an H200). The CUDA calls are
+    stood in for here: this machine has no GPU (scripts/gpu-check.sh runs the real path)."""
+    from searchr1.trainer import distributed
+
+    made_current = []
+
+    def set_device(device):
+        if isinstance(device, torch.device) and device.index is None:  # as torch does
+            raise ValueError(f"Expected a torch.device with a specified index or an integer, but got:{device}")
+        made_current.append(device)
+
+    monkeypatch.setattr(torch.cuda, "set_device", set_device)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert distributed.resolve_device("cuda") == torch.device("cuda", 2)
+    assert distributed.resolve_device("auto") == torch.device("cuda", 2)
+    assert distributed.resolve_device("cuda:1") == torch.device("cuda", 1)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert distributed.resolve_device("cuda") == torch.device("cuda", 3)  # torchrun: this rank's GPU
+    assert made_current == [torch.device("cuda", i) for i in (2, 2, 1, 3)]
+    assert distributed.resolve_device("cpu") == torch.device("cpu") and len(made_current) == 4

@@ -32,7 +32,7 @@ class VLLMConfig:
     moved to host memory) so the update has the GPU memory; it wakes before the new weights load or the next
     rollout. vLLM has no sleep mode on CPU."""
     cpu_kv_cache_gb: float = 1.0
-    """CPU only: KV cache space in GiB (VLLM_CPU_KVCACHE_SPACE)."""
+    """CPU only: KV cache space in whole GiB (VLLM_CPU_KVCACHE_SPACE, which vLLM reads as an integer)."""
     cpu_threads: str = "auto"
     """CPU only: cores the server's threads are bound to (VLLM_CPU_OMP_THREADS_BIND): auto (the cores this
     process may run on) | a list like 1 or 0-3 | all."""
@@ -57,8 +57,11 @@ class VLLMConfig:
             raise ValueError(
                 f"rollout.vllm.gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization}"
             )
-        if not self.cpu_kv_cache_gb > 0:
-            raise ValueError(f"rollout.vllm.cpu_kv_cache_gb: must be > 0, got {self.cpu_kv_cache_gb}")
+        if not (self.cpu_kv_cache_gb >= 1 and float(self.cpu_kv_cache_gb).is_integer()):
+            raise ValueError(
+                "rollout.vllm.cpu_kv_cache_gb: vLLM takes a whole number of GiB >= 1 (VLLM_CPU_KVCACHE_SPACE), "
+                f"got {self.cpu_kv_cache_gb}"
+            )
         for name in ("start_timeout_s", "request_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"rollout.vllm.{name}: must be > 0, got {getattr(self, name)}")

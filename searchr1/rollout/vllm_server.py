@@ -132,7 +132,7 @@ class Launch:
             HF_HUB_OFFLINE=env.get("HF_HUB_OFFLINE", "1"),
             TRANSFORMERS_OFFLINE=env.get("TRANSFORMERS_OFFLINE", "1"),
             TOKENIZERS_PARALLELISM="false",
-            VLLM_CPU_KVCACHE_SPACE=f"{self.cpu_kv_cache_gb:g}",
+            VLLM_CPU_KVCACHE_SPACE=str(int(self.cpu_kv_cache_gb)),  # vLLM reads an integer
         )
         threads = cpu_binding(self.cpu_threads)
         if threads:

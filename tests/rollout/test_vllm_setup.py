@@ -27,6 +27,9 @@ def test_config_section_defaults_and_checks():
         load_config(None, ["rollout.vllm.url=localhost:8000"])
     with pytest.raises(ConfigError, match="gpu_memory_utilization"):
         load_config(None, ["rollout.vllm.gpu_memory_utilization=1.5"])
+    for gib in ("0.5", "1.5", "0"):  # vLLM reads VLLM_CPU_KVCACHE_SPACE as an integer: refused before it starts
+        with pytest.raises(ConfigError, match=r"cpu_kv_cache_gb: vLLM takes a whole number of GiB"):
+            load_config(None, [f"rollout.vllm.cpu_kv_cache_gb={gib}"])
     with pytest.raises(ConfigError, match=r"rollout\.vllm\.nope"):
         load_config(None, ["rollout.vllm.nope=1"])
 
@@ -53,9 +56,9 @@ def test_server_command_asks_for_what_the_engine_relies_on():
     cmd = lora.command(1)
     assert cmd[cmd.index("--max-lora-rank") + 1] == "16" and "--enable-sleep-mode" in cmd
     assert "--enforce-eager" not in cmd
-    env = Launch(**{**launch.__dict__, "cpu_threads": "1", "cpu_kv_cache_gb": 1.5}).environment()
+    env = Launch(**{**launch.__dict__, "cpu_threads": "1", "cpu_kv_cache_gb": 3.0}).environment()
     assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
-    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "1" and env["VLLM_CPU_KVCACHE_SPACE"] == "1.5"
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "1" and env["VLLM_CPU_KVCACHE_SPACE"] == "3"
     assert env["OMP_NUM_THREADS"] == "1" and env["HF_HUB_OFFLINE"] == "1"
 
 

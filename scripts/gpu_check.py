@@ -298,7 +298,7 @@ def fsdp2() -> str:
 
 @part("one guided trainer step (gold and branched rollouts, step credit, policy shaping)")
 def guided_trainer_step() -> str:
-    import json
+    import math
     import tempfile
 
     import rlworld
@@ -307,18 +307,13 @@ def guided_trainer_step() -> str:
 
     from searchr1.trainer.loop import RLTrainer
 
-    bridge = {"id": "b1", "question": "where was the founder of the Quillon Press born", "golden_answers": ["Borvik"],
-              "metadata": {"type": "bridge", "data_source": "synth", "supporting_titles": ["Quillon Press", "Alice Verdan"]}}  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
-        world = rlworld.write_world(Path(tmp) / "world")
-        rows = [json.loads(line) for line in world["train"].read_text().splitlines()]
-        world["train"].write_text("".join(json.dumps(r) + "\n" for r in [bridge, *rows[1:8]]))
+        world = rlworld.write_guided_world(Path(tmp) / "world")
         model_dir = save_tiny_checkpoint(Path(tmp) / "model", TINY_TEXTS, seed=0, vocab_size=512)
         cfg = rlworld.load(
-            world, model_dir, Path(tmp) / "run", trainer__device=device().type, rollout__n=4, rollout__max_turns=2,
-            rollout__max_obs_tokens=60, rollout__max_response_tokens=160, trainer__batch_size=2,
-            trainer__mini_batch_size=2, trainer__total_steps=2, trainer__shuffle=False, guidance__off_policy=1,
-            guidance__branched=1, guidance__share=1.0, guidance__decay_until=1.0, reward__step_gain=0.5,
+            world, model_dir, Path(tmp) / "run", **rlworld.GUIDED_RUN, trainer__device=device().type,
+            guidance__off_policy=1, guidance__branched=1, guidance__share=1.0, guidance__decay_until=1.0,
+            reward__step_gain=0.5,
         )  # fmt: skip
         trainer = RLTrainer(cfg)
         trainer.setup()
@@ -330,7 +325,7 @@ def guided_trainer_step() -> str:
             on = {p.device.type for p in trainer.policy.parameters()}
         finally:
             trainer.close()
-    bad = {k: v for k, v in metrics.items() if isinstance(v, float) and not torch.isfinite(torch.tensor(v))}
+    bad = {k: v for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)}
     assert on == {device().type}, f"the policy is on {on}"
     assert not bad, f"non-finite metrics: {bad}"
     assert metrics["guidance/gold"] == 1 and metrics["guidance/branched"] == 1, metrics

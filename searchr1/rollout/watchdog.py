@@ -43,7 +43,8 @@ from pathlib import Path
 KILL_WAIT_S = 10.0
 """After SIGKILL, how long the watchdog waits for the group's processes to be gone before it moves on."""
 RESCAN_S = 1.0
-"""How often the watchdog reads which files in /dev/shm the registered groups hold (a few ms of work)."""
+"""How often the watchdog reads which files in /dev/shm the registered groups hold (measured here: 7 ms for
+a one-process group with torch loaded, among 65 processes: under 1% of a core at one rescan a second)."""
 SHM = Path("/dev/shm")
 """Where the shared memory that a killed group leaves is looked for."""
 
@@ -161,15 +162,17 @@ def remove_leaked_shm(paths: set[str]) -> int:
     return freed
 
 
+def _freed(freed: int) -> str:
+    return f"; {freed / 1e6:.0f} MB of shared memory it left freed" if freed else ""
+
+
 def stop_group(pgid: int, leader_start: int, grace_s: float, held_before: Iterable[str] = ()) -> str | None:
     """SIGTERM to process group ``pgid``, SIGKILL to it after ``grace_s`` if any of it is left, until none
     is (at most ``KILL_WAIT_S`` more); then the shared memory it held (now or, ``held_before``, earlier)
-    and left behind is removed. Returns what happened in a few words, or None when nothing was done: a
-    group no longer the one registered (gone, or its id reused) is not signalled, and only what it left in
-    /dev/shm is removed."""
+    and left behind is removed. Returns what happened in a few words, or None when the group is no longer
+    the one registered (gone, or its id reused): then nothing is signalled or removed."""
     if not group_is_ours(pgid, leader_start):
-        freed = remove_leaked_shm(set(held_before))
-        return f"already gone; {freed / 1e6:.0f} MB of shared memory it left freed" if freed else None
+        return None
     t0 = time.monotonic()
     held = set(held_before) | shm_held(group_members(pgid))
     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -183,8 +186,7 @@ def stop_group(pgid: int, leader_start: int, grace_s: float, held_before: Iterab
         gone = wait_gone(pgid, KILL_WAIT_S)
         state = "gone" if gone else f"{len(group_members(pgid))} processes still there"
         how = f"SIGTERM, SIGKILL after {grace_s:g} s, {state} in {time.monotonic() - t0:.1f} s"
-    freed = remove_leaked_shm(held)
-    return how + (f"; {freed / 1e6:.0f} MB of shared memory it left freed" if freed else "")
+    return how + _freed(remove_leaked_shm(held))
 
 
 # -- this process's side ----------------------------------------------------------------------------------
@@ -322,10 +324,10 @@ def watch(lines, owner: int, rescan_s: float = RESCAN_S) -> int:
     done = []
     for pgid, guarded in groups.items():
         how = stop_group(pgid, guarded.start, guarded.grace_s, guarded.held)
-        if how is not None and how.startswith("already gone"):
-            done.append(f"the vLLM server's process group {pgid} was {how}")
-        elif how is not None:
+        if how is not None:
             done.append(f"stopped the vLLM server's process group {pgid} ({how})")
+        elif freed := remove_leaked_shm(guarded.held):  # gone before its trainer: only what it left
+            done.append(f"the vLLM server's process group {pgid} was already gone{_freed(freed)}")
     for folder in folders:
         if Path(folder).exists():
             shutil.rmtree(folder, ignore_errors=True)

@@ -200,7 +200,6 @@ def _interrupt_after(monkeypatch, target, name: str, calls: int, exc: BaseExcept
     monkeypatch.setattr(target, name, wrapped)
 
 
-
 def _skipping_build_interrupted_then_resumed(monkeypatch, corpus, out):
     """A build that skips bad lines, interrupted after its second chunk (30 passages each), then resumed:
     its manifest."""
@@ -209,6 +208,7 @@ def _skipping_build_interrupted_then_resumed(monkeypatch, corpus, out):
         with pytest.raises(KeyboardInterrupt):
             build_index(corpus, out, chunk_passages=30, skip_bad_lines=True, show_progress=False)
     return build_index(corpus, out, chunk_passages=30, skip_bad_lines=True, show_progress=False, resume=True)
+
 
 def test_a_resumed_bm25_build_equals_an_uninterrupted_one(tmp_path, monkeypatch):
     docs = _zipf_docs(250)

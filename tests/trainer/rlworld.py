@@ -64,6 +64,33 @@ def write_world(folder: Path) -> dict[str, Path]:
     return {"corpus": corpus, "train": train, "val": val, "template": template}
 
 
+BRIDGE = {
+    "id": "b1",
+    "question": "where was the founder of the Quillon Press born",
+    "golden_answers": ["Borvik"],
+    "metadata": {
+        "type": "bridge",
+        "data_source": "synth",
+        "supporting_titles": ["Quillon Press", "Alice Verdan"],
+    },
+}
+"""A two-hop question whose gold path (its supporting titles) the guidance can follow."""
+
+GUIDED_RUN = {
+    "rollout__n": 4, "rollout__max_turns": 2, "rollout__max_obs_tokens": 60, "rollout__max_response_tokens": 160,
+    "trainer__batch_size": 2, "trainer__mini_batch_size": 2, "trainer__total_steps": 2, "trainer__shuffle": False,
+}  # fmt: skip
+"""The sizes of a guided run over ``write_guided_world``'s world (guidance itself: the caller's overrides)."""
+
+
+def write_guided_world(folder: Path) -> dict[str, Path]:
+    """``write_world`` whose training file holds ``BRIDGE`` first, then seven questions without a gold path."""
+    files = write_world(folder)
+    rows = [json.loads(line) for line in files["train"].read_text().splitlines()]
+    files["train"].write_text("".join(json.dumps(r) + "\n" for r in [BRIDGE, *rows[1:8]]))
+    return files
+
+
 def overrides(world: dict[str, Path], model_dir: Path, out_dir: Path, **extra: Any) -> list[str]:
     """Dotted overrides of a tiny, fast run (``extra`` uses ``__`` for dots: trainer__total_steps=3)."""
     # imported here: subprocess runs import this module (for its rewards) with only tests/trainer on the path

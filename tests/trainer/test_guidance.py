@@ -23,26 +23,12 @@ from searchr1.rollout.types import Role, Trajectory
 from searchr1.trainer.guidance import Guidance, scheduled_share
 from searchr1.trainer.loop import RLTrainer
 
-BRIDGE = {
-    "id": "b1",
-    "question": "where was the founder of the Quillon Press born",
-    "golden_answers": ["Borvik"],
-    "metadata": {
-        "type": "bridge",
-        "data_source": "synth",
-        "supporting_titles": ["Quillon Press", "Alice Verdan"],
-    },
-}
+BRIDGE = rlworld.BRIDGE
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("world")
-    files = rlworld.write_world(folder)
-    rows = [json.loads(line) for line in files["train"].read_text().splitlines()]
-    rows = [BRIDGE, *rows[1:8]]  # one bridge question with a gold path, then questions with none
-    files["train"].write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return files
+    return rlworld.write_guided_world(tmp_path_factory.mktemp("world"))
 
 
 @pytest.fixture(scope="module")
@@ -185,11 +171,7 @@ def test_policy_shaping_gradient_against_a_hand_value():
 
 
 def _trainer(world, model_dir, out: Path, **extra) -> RLTrainer:
-    cfg = rlworld.load(
-        world, model_dir, out, rollout__n=4, rollout__max_turns=2, rollout__max_obs_tokens=60,
-        rollout__max_response_tokens=160, trainer__batch_size=2, trainer__mini_batch_size=2,
-        trainer__total_steps=2, trainer__shuffle=False, **extra,
-    )  # fmt: skip
+    cfg = rlworld.load(world, model_dir, out, **{**rlworld.GUIDED_RUN, **extra})
     trainer = RLTrainer(cfg)
     trainer.setup()
     return trainer

@@ -26,6 +26,10 @@ INVALID_ACTION_MESSAGE = (
     "</answer>. Let me try again.\n"
 )
 
+# Appended after the observation that used the last search (``rollout.last_search_notice``): the next
+# turn is the answer-only one, and the model is told so where it decides.
+LAST_SEARCH_NOTICE = "(No searches left: I must answer now.)\n"
+
 
 def format_observation_docs(hits: list) -> str:
     """Search-R1's text of a list of hits: ``Doc {i}(Title: {title}) {text}`` one per line, from 1."""
@@ -82,7 +86,9 @@ TWO_HOP_TRAJECTORY = (
     )
     + f"{THINK_OPEN} Ulmera Press was founded by Edda Ostin. I should search Edda Ostin. {THINK_CLOSE}\n"
     f"{SEARCH_OPEN} Edda Ostin {SEARCH_CLOSE}"
-    + wrap_information("Doc 1(Title: Edda Ostin) Edda Ostin was a poet. Edda Ostin was born in Orvale in 1838.\n")
+    + wrap_information(
+        "Doc 1(Title: Edda Ostin) Edda Ostin was a poet. Edda Ostin was born in Orvale in 1838.\n"
+    )
     + f"{THINK_OPEN} The document says Edda Ostin was born in 1838. {THINK_CLOSE}\n"
     f"{ANSWER_OPEN} 1838 {ANSWER_CLOSE}"
 )
@@ -109,7 +115,9 @@ BRIDGE_TRAJECTORY = (
     )
     + f"{THINK_OPEN} The Ilka Lantern was written by Pim Aldera. I should search Pim Aldera. {THINK_CLOSE}\n"
     f"{SEARCH_OPEN} Pim Aldera {SEARCH_CLOSE}"
-    + wrap_information("Doc 1(Title: Pim Aldera) Pim Aldera was a sculptor. Pim Aldera was born in Tarsk in 1820.\n")
+    + wrap_information(
+        "Doc 1(Title: Pim Aldera) Pim Aldera was a sculptor. Pim Aldera was born in Tarsk in 1820.\n"
+    )
     + f"{THINK_OPEN} The document says Pim Aldera was born in Tarsk. {THINK_CLOSE}\n"
     f"{ANSWER_OPEN} Tarsk {ANSWER_CLOSE}"
 )
@@ -143,7 +151,9 @@ def load_template(template: str) -> str | list[dict[str, str]]:
     from pathlib import Path
 
     if template == AUTO:
-        raise ValueError("template auto is chosen with the tokenizer: resolve_template(template, tokenizer) first")
+        raise ValueError(
+            "template auto is chosen with the tokenizer: resolve_template(template, tokenizer) first"
+        )
     if template == "instruct_1shot":
         return [dict(m) for m in ONE_SHOT_MESSAGES]
     if template == "instruct_2shot":

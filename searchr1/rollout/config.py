@@ -108,6 +108,10 @@ class RolloutConfig:
     """Sample among the k most likely tokens only (0 = off)."""
     val_greedy: bool = True
     """Validation and evaluation decode greedily (False: they sample like training)."""
+    last_search_notice: bool = False
+    """After the observation of the last turn that may search (turn max_turns), append a line telling the model that
+    its next turn may only answer (searchr1.data.prompts.LAST_SEARCH_NOTICE; observation tokens, never trained).
+    Off: Search-R1's rule, where a search in the answer-only turn ends the trajectory unanswered."""
     invalid_action_message: bool = True
     """Append Search-R1's invalid-action message after a turn that neither searched nor answered."""
     eos_ends_trajectory: bool = False

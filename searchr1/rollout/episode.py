@@ -4,7 +4,8 @@
                    ├──► </search> q                  ──► search q ──► append <information> ──► next turn
                    ├──► EOS / turn limit, no action  ──► append invalid-action message    ──► next turn
                    └──► response budget reached      ──► done (truncated)
-    after ``max_turns`` turns: one more turn whose search is not executed, then done (max_turns)
+    after ``max_turns`` turns: one more turn whose search is not executed, then done (max_turns); with
+    ``rollout.last_search_notice`` the observation that ends turn ``max_turns`` says so
 
 Generated tokens are stored exactly as sampled (role GENERATED, with their log-prob); observation
 text is encoded once and appended (role OBSERVATION, log-prob 0). Nothing is ever re-tokenised.
@@ -20,6 +21,7 @@ from typing import Any, Literal
 from searchr1.data.prompts import (
     INFO_CLOSE,
     INVALID_ACTION_MESSAGE,
+    LAST_SEARCH_NOTICE,
     format_observation_docs,
     wrap_information,
 )
@@ -67,6 +69,8 @@ class EpisodeContext:
         self.max_context = max_context
         self.invalid_ids = self.encode(INVALID_ACTION_MESSAGE) if config.invalid_action_message else []
         self.failed_ids = self.encode(wrap_information(SEARCH_FAILED_TEXT))
+        self.notice_ids = self.encode(LAST_SEARCH_NOTICE) if config.last_search_notice else []
+        """Appended to the observation after which only an answer may follow (``rollout.last_search_notice``)."""
         prefix, suffix = wrap_information("").split(INFO_CLOSE)
         self.obs_prefix_ids = self.encode(prefix)
         self.obs_suffix_ids = self.encode(INFO_CLOSE + suffix)
@@ -118,7 +122,9 @@ class Episode:
         cfg = ctx.config
         done_turns, done_tokens = int(meta.get("prefix_turns", 0)), int(meta.get("prefix_tokens", 0))
         budget = min(cfg.max_response_tokens - done_tokens, ctx.max_context - len(prompt_ids))
-        ep = cls(index, ctx, Trajectory(prompt_ids=list(prompt_ids), meta=dict(meta), turns=done_turns), budget)
+        ep = cls(
+            index, ctx, Trajectory(prompt_ids=list(prompt_ids), meta=dict(meta), turns=done_turns), budget
+        )
         ep.t_start = time.perf_counter()
         if budget <= 0:
             ep._finish("truncated", truncated=True)
@@ -184,7 +190,7 @@ class Episode:
         if ended_by_eos and cfg.eos_ends_trajectory:
             return self._finish("eos")
         t.invalid_actions += 1
-        if not self._append_observation(self.ctx.invalid_ids):
+        if not self._append_observation(self._with_notice(self.ctx.invalid_ids)):
             return self._finish("truncated", truncated=True)
         return TurnEnd("continue")
 
@@ -201,10 +207,14 @@ class Episode:
             t.documents.append([h.to_dict() if hasattr(h, "to_dict") else dict(h) for h in hits])
             ids, cut = self.ctx.observation_ids(hits)
             t.obs_truncations += int(cut)
-        if not self._append_observation(ids):
+        if not self._append_observation(self._with_notice(ids)):
             self._finish("truncated", truncated=True)
             return False
         return True
+
+    def _with_notice(self, ids: list[int]) -> list[int]:
+        """``ids`` and, when the next turn is the answer-only one, the last-search notice."""
+        return list(ids) + self.ctx.notice_ids if self.is_final_turn and self.ctx.notice_ids else ids
 
     def _append_observation(self, ids: list[int]) -> bool:
         """Append ``ids`` as observation tokens if at least one generated token still fits after them."""

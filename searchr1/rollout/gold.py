@@ -145,30 +145,32 @@ class GoldWriter:
     def encode(self, text: str) -> list[int]:
         return self.ctx.encode(text)
 
-    def search(self, query: str, evidence: str | None) -> GoldStep:
-        """One gold search turn with its real observation."""
-        turn = self.encode(search_turn_text(query, evidence))
+    def search(self, query: str, evidence: str | None, turn: int = 1) -> GoldStep:
+        """One gold search turn (the ``turn``-th of the trajectory) with its real observation; after turn
+        ``max_turns`` the observation carries the rollout's last-search notice, as ``Episode`` writes it."""
+        turn_ids = self.encode(search_turn_text(query, evidence))
+        notice = self.ctx.notice_ids if turn >= int(self.config.max_turns) else []
         try:
             hits = list(self.retriever.search([query], self.topk)[0])
         except Exception:  # a failed search is an observation, as in the rollout
-            return GoldStep(query, turn, list(self.ctx.failed_ids), [], failed=True)
+            return GoldStep(query, turn_ids, list(self.ctx.failed_ids) + notice, [], failed=True)
         obs, cut = self.ctx.observation_ids(hits)
         docs = [h.to_dict() if hasattr(h, "to_dict") else dict(h) for h in hits]
-        return GoldStep(query, turn, obs, docs, cut=cut)
+        return GoldStep(query, turn_ids, obs + notice, docs, cut=cut)
 
     def steps(self, path: GoldPath) -> tuple[list[GoldStep], bool]:
         """The searches of ``path`` (at most ``max_turns``), each turn's reasoning naming what the previous
         passages said of its query; and whether the path had to be cut to ``max_turns``."""
         queries = path.queries[: max(0, int(self.config.max_turns))]
         out: list[GoldStep] = []
-        for query in queries:
+        for k, query in enumerate(queries, start=1):
             evidence = sentence_naming(out[-1].documents, query) if out else None
-            out.append(self.search(query, evidence))
+            out.append(self.search(query, evidence, turn=k))
         return out, len(queries) < len(path.queries)
 
     def prefix(self, path: GoldPath) -> GoldStep:
         """The gold path up to the end of the first ``<information>`` (for branched rollouts)."""
-        return self.search(path.queries[0], None)
+        return self.search(path.queries[0], None, turn=1)
 
     def trajectory(
         self, prompt_ids: Sequence[int], path: GoldPath, meta: Mapping[str, Any]

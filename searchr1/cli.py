@@ -30,6 +30,7 @@ COMMAND_MODULES = [
     "searchr1.retrieval.cli",
     "searchr1.data.cli",
     "searchr1.trainer.cli",
+    "searchr1.trainer.warmstart_cli",
     "searchr1.evaluation.cli",
     "searchr1.evaluation.ask_cli",
     "searchr1.report.cli",

@@ -28,7 +28,7 @@ from searchr1.plugins import PluginError, check_names, check_traits, import_plug
 from searchr1.retrieval.config import RetrievalConfig
 from searchr1.rewards.config import RewardConfig
 from searchr1.rollout.config import RolloutConfig
-from searchr1.trainer.config import GuidanceConfig, ModelConfig, ReplayConfig, TrainerConfig
+from searchr1.trainer.config import GuidanceConfig, ModelConfig, ReplayConfig, TrainerConfig, WarmStartConfig
 
 T = TypeVar("T")
 
@@ -67,6 +67,8 @@ class SearchR1Config:
     """Replay of successful trajectories into groups that found none (off by default)."""
     guidance: GuidanceConfig = field(default_factory=GuidanceConfig)
     """Guidance from the gold path for groups that found no success: gold trajectories and branched rollouts (off by default)."""
+    warmstart: WarmStartConfig = field(default_factory=WarmStartConfig)
+    """Supervised LoRA on the training questions' gold trajectories before RL (off by default)."""
     seed: int = 0
     """Seed for every random number generator of the run."""
 
@@ -147,7 +149,10 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
 
 
 RETIRED_KEYS: dict[str, tuple[Any, str]] = {
-    "rollout.vllm.dtype": ("auto", "rollout.dtype sets the generation dtype of every engine, vLLM's included"),
+    "rollout.vllm.dtype": (
+        "auto",
+        "rollout.dtype sets the generation dtype of every engine, vLLM's included",
+    ),
 }
 """Keys that are gone: dotted key -> (the value that is ignored, as every saved config.yaml of an older
 version holds it; what replaced the key). Any other value is an error naming the replacement."""

@@ -15,6 +15,7 @@ searchr1 train --export runs/tiny export/best --best   # the kept best validated
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,18 @@ def _main(args: argparse.Namespace) -> int:
         return 0
     from searchr1.trainer.loop import RLTrainer, TrainingStopped  # torch
 
+    if cfg.warmstart.enabled:  # the warm start first (resumed or found done), then RL from its policy
+        from searchr1.trainer.warmstart import WarmStartError, run_warm_start
+
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise UserFacingError(
+                "warmstart.epochs > 0 under torchrun: run `searchr1 warmstart` first, then train with "
+                "model.path=<its model folder> and warmstart.epochs=0"
+            )
+        try:
+            cfg.model.path = str(run_warm_start(cfg).model_dir)
+        except (WarmStartError, FileNotFoundError) as exc:
+            raise UserFacingError(str(exc)) from exc
     trainer = None
     try:
         try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["GuidanceConfig", "ModelConfig", "ReplayConfig", "TrainerConfig"]
+__all__ = ["GuidanceConfig", "ModelConfig", "ReplayConfig", "TrainerConfig", "WarmStartConfig"]
 
 
 @dataclass
@@ -279,4 +279,44 @@ class GuidanceConfig:
             raise ValueError(
                 "guidance with algorithm.advantage=gae: a gold trajectory's advantage needs a group baseline "
                 "(use grpo, rloo or another group estimator)"
+            )
+
+
+@dataclass
+class WarmStartConfig:
+    epochs: float = 0.0
+    """Passes over the training questions' gold trajectories before RL (supervised LoRA, observations masked; searchr1.trainer.warmstart); 0 = no warm start. A fraction runs that share of one pass."""
+    lr: float = 1.0e-3
+    """Learning rate of the warm start's LoRA (AdamW, constant after `warmup_steps`)."""
+    warmup_steps: int = 2
+    """Optimizer steps of linear learning-rate warm-up."""
+    batch_size: int = 16
+    """Gold trajectories per optimizer step."""
+    micro_batch_size: int = 8
+    """Trajectories per forward/backward pass (gradients accumulate over the step)."""
+    max_examples: int = 0
+    """Training questions used at most (the first N with a gold path; 0 = all)."""
+    save_every: int = 10
+    """Optimizer steps between checkpoints of the warm start (also written at the end); 0 = only at the end."""
+    out_dir: str = ""
+    """Folder of the warm start (checkpoint, model/, warmstart.json); empty = <trainer.out_dir>/warmstart."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.epochs > 0
+
+    def validate(self, root: Any) -> None:
+        if self.epochs < 0:
+            raise ValueError(f"warmstart.epochs must be >= 0, got {self.epochs}")
+        if not self.lr > 0:
+            raise ValueError(f"warmstart.lr must be > 0, got {self.lr}")
+        for key in ("batch_size", "micro_batch_size"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"warmstart.{key} must be >= 1, got {getattr(self, key)}")
+        for key in ("warmup_steps", "max_examples", "save_every"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"warmstart.{key} must be >= 0, got {getattr(self, key)}")
+        if self.enabled and root is not None and getattr(getattr(root, "model", None), "lora_r", 0) <= 0:
+            raise ValueError(
+                "warmstart.epochs > 0 needs LoRA (model.lora_r > 0): the warm start trains an adapter"
             )

@@ -1,0 +1,237 @@
+"""The warm start (searchr1.trainer.warmstart): supervised LoRA on gold trajectories before RL. Its loss is on
+generated tokens only, a killed stage resumes bit-identically, rows without a gold path are named and
+skipped, data without any is refused in one line, and `searchr1 train` starts RL from its policy."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import rlworld
+import torch
+
+from searchr1.config import load_config
+from searchr1.retrieval.bm25 import BM25Retriever
+from searchr1.retrieval.corpus import read_corpus
+from searchr1.rollout.gold import GoldWriter, gold_path
+from searchr1.rollout.types import Role
+from searchr1.trainer.experience import build_experience
+from searchr1.trainer.policy import PolicyLogprobs
+from searchr1.trainer.warmstart import (
+    STATE_FILE,
+    WarmStart,
+    WarmStartError,
+    gold_examples,
+    sft_loss,
+    step_order,
+)
+
+SINGLE = {
+    "id": "s1",
+    "question": "where was Mira Lund born",
+    "golden_answers": ["Kessa"],
+    "metadata": {"type": "single", "data_source": "synth", "supporting_titles": ["Mira Lund"]},
+}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    files = rlworld.write_world(tmp_path_factory.mktemp("world"))
+    rows = [json.loads(line) for line in files["train"].read_text().splitlines()]
+    # rows 1 and 4 (1-based) have gold paths; the others name none
+    files["train"].write_text(
+        "".join(json.dumps(r) + "\n" for r in [rlworld.BRIDGE, *rows[:2], SINGLE, *rows[2:6]])
+    )
+    return files
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    from searchr1.models import load_tokenizer
+
+    return load_tokenizer(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def bm25(world):
+    return BM25Retriever.from_documents(list(read_corpus(world["corpus"])))
+
+
+def config(world, model_dir, out: Path, **extra):
+    extra = {"model__lora_r": 4, "rollout__max_turns": 2, "warmstart__epochs": 2, "warmstart__batch_size": 2,
+             "warmstart__micro_batch_size": 1, "warmstart__lr": 1e-2, "warmstart__save_every": 1,
+             "rollout__max_obs_tokens": 60, "rollout__max_response_tokens": 200, **extra}  # fmt: skip
+    return rlworld.load(world, model_dir, out, **extra)
+
+
+def samples(world):
+    return [json.loads(line) for line in world["train"].read_text().splitlines()]
+
+
+def test_rows_without_a_gold_path_are_named_and_skipped(world, tokenizer, bm25, tiny_model_dir, tmp_path):
+    cfg = config(world, tiny_model_dir, tmp_path)
+    writer = GoldWriter(tokenizer, cfg.rollout, bm25, 1)
+    ex = gold_examples(samples(world), tokenizer, str(world["template"]), writer)
+    assert ex.skipped == [2, 3, 5, 6, 7, 8] and ex.kinds == ["multi-hop", "single-hop"]
+    assert [t.queries for t in ex.trajectories] == [["Quillon Press", "Alice Verdan"], ["Mira Lund"]]
+    assert all(t.finish_reason == "answer" for t in ex.trajectories) and ex.cut == 0
+    with pytest.raises(WarmStartError, match="supporting_titles"):
+        gold_examples([samples(world)[i] for i in (1, 2)], tokenizer, str(world["template"]), writer)
+
+
+def test_a_gold_trajectory_over_the_budget_is_cut_at_a_turn_and_counted(
+    world, tokenizer, bm25, tiny_model_dir, tmp_path
+):
+    cfg = config(world, tiny_model_dir, tmp_path, rollout__max_response_tokens=80)
+    writer = GoldWriter(tokenizer, cfg.rollout, bm25, 1)
+    ex = gold_examples(samples(world), tokenizer, str(world["template"]), writer)
+    assert ex.cut == 2
+    full = gold_examples(samples(world), tokenizer, str(world["template"]), GoldWriter(tokenizer, config(
+        world, tiny_model_dir, tmp_path).rollout, bm25, 1)).trajectories  # fmt: skip
+    for traj, whole in zip(ex.trajectories, full, strict=True):
+        assert len(traj.response_ids) <= 80 < len(whole.response_ids)
+        # cut at a turn boundary: a prefix of whole turns (then the answer turn if it still fits)
+        kept = traj.search_spans[-1][1] if traj.searches else 0
+        assert (traj.response_ids[:kept] == whole.response_ids[:kept] and traj.searches < whole.searches) or (
+            traj.truncated and traj.roles[-1] == Role.OBSERVATION
+        )
+
+
+def test_step_order_takes_fresh_permutations_per_pass():
+    steps = step_order(5, 1.6, 3, seed=7)
+    flat = [i for s in steps for i in s]
+    assert [len(s) for s in steps] == [3, 3, 2] and len(flat) == 8
+    assert sorted(flat[:5]) == list(range(5))  # the first pass is a permutation
+    assert step_order(5, 1.6, 3, seed=7) == steps and step_order(5, 1.6, 3, seed=8) != steps
+
+
+def _hand_loss(model, traj) -> torch.Tensor:
+    """-mean log p of the generated tokens, from the model's full logits."""
+    ids = torch.tensor([traj.prompt_ids + traj.response_ids])
+    logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), -1)
+    targets = ids[0, 1:]
+    gen = torch.tensor([0] * len(traj.prompt_ids) + [int(r == Role.GENERATED) for r in traj.roles])[1:].bool()
+    return -logp[gen].gather(-1, targets[gen][:, None]).mean()
+
+
+def test_the_loss_is_the_mean_nll_of_generated_tokens_only(world, tokenizer, bm25, tiny_model_dir):
+    from searchr1.models import load_model
+
+    model = load_model(tiny_model_dir)
+    cfg = config(world, tiny_model_dir, Path("unused"), rollout__max_response_tokens=120)
+    writer = GoldWriter(tokenizer, cfg.rollout, bm25, 1)
+    traj = writer.trajectory(tokenizer.encode("Question: x\n"), gold_path(rlworld.BRIDGE), {}).trajectory
+    assert traj.roles[-1] == Role.OBSERVATION  # cut after the first passage: it ends with observation tokens
+    actor = PolicyLogprobs(model)
+    exp = build_experience([traj], [0.0], [0], tokenizer.pad_token_id)
+    loss = sft_loss(actor, exp, [0], float(exp.train_mask.sum()), torch.device("cpu"))
+    assert loss.item() == pytest.approx(_hand_loss(model, traj).item(), rel=1e-5)
+
+    def grads(t):
+        model.zero_grad()
+        e = build_experience([t], [0.0], [0], tokenizer.pad_token_id)
+        sft_loss(actor, e, [0], float(e.train_mask.sum()), torch.device("cpu")).backward()
+        return [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    base = grads(traj)
+    changed = traj.__class__(**{**traj.__dict__, "response_ids": [*traj.response_ids[:-1], 7]})
+    assert all(torch.equal(a, b) for a, b in zip(base, grads(changed), strict=True))  # an observation target
+    gen_at = max(i for i, r in enumerate(traj.roles) if r == Role.GENERATED)
+    other = list(traj.response_ids)
+    other[gen_at] = 7 if other[gen_at] != 7 else 8
+    changed = traj.__class__(**{**traj.__dict__, "response_ids": other})
+    assert not all(torch.equal(a, b) for a, b in zip(base, grads(changed), strict=True))  # a generated one
+
+
+def _stage(cfg, model_dir, tokenizer, bm25, world, out):
+    from searchr1.models import load_model
+    from searchr1.trainer.components import _apply_lora
+
+    torch.manual_seed(cfg.seed)
+    policy = _apply_lora(load_model(model_dir), cfg.model, None)
+    writer = GoldWriter(tokenizer, cfg.rollout, bm25, 1)
+    ex = gold_examples(samples(world) * 3, tokenizer, str(world["template"]), writer)
+    return WarmStart(cfg, policy, tokenizer, ex, out, log=lambda line: None)
+
+
+def _adapter(stage):
+    return {n: p.detach().clone() for n, p in stage.policy.named_parameters() if p.requires_grad}
+
+
+def test_a_killed_warm_start_resumes_bit_identically(world, tokenizer, bm25, tiny_model_dir, tmp_path):
+    cfg = config(world, tiny_model_dir, tmp_path, model__lora_dropout=0.1)  # the random state is resumed too
+    whole = _stage(cfg, tiny_model_dir, tokenizer, bm25, world, tmp_path / "whole")
+    whole.run(progress=False)
+    assert whole.step == len(whole.steps) == 6
+    killed = _stage(cfg, tiny_model_dir, tokenizer, bm25, world, tmp_path / "killed")
+    killed.run(progress=False, stop_after=4)
+    assert (tmp_path / "killed" / STATE_FILE).is_file() and killed.step == 4
+    resumed = _stage(cfg, tiny_model_dir, tokenizer, bm25, world, tmp_path / "killed")
+    assert resumed.resume() and resumed.step == 4
+    resumed.run(progress=False)
+    a, b = _adapter(whole), _adapter(resumed)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert resumed.losses == whole.losses
+    first = _adapter(_stage(cfg, tiny_model_dir, tokenizer, bm25, world, tmp_path / "fresh"))
+    assert not all(torch.equal(a[k], first[k]) for k in a)  # training moved the adapter
+
+
+def test_a_checkpoint_of_other_settings_or_a_truncated_one_is_refused_in_one_line(
+    world, tokenizer, bm25, tiny_model_dir, tmp_path
+):
+    cfg = config(world, tiny_model_dir, tmp_path)
+    stage = _stage(cfg, tiny_model_dir, tokenizer, bm25, world, tmp_path / "ws")
+    stage.run(progress=False, stop_after=1)
+    other = _stage(config(world, tiny_model_dir, tmp_path, warmstart__lr=5e-3), tiny_model_dir, tokenizer, bm25,
+                   world, tmp_path / "ws")  # fmt: skip
+    with pytest.raises(WarmStartError, match="other settings"):
+        other.resume()
+    path = tmp_path / "ws" / STATE_FILE
+    path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(WarmStartError, match="cannot be read"):
+        stage.resume()
+
+
+def test_run_warm_start_writes_a_model_that_train_starts_from(world, tiny_model_dir, tmp_path):
+    out = tmp_path / "run"
+    args = rlworld.overrides(world, tiny_model_dir, out, model__lora_r=4, warmstart__epochs=1, warmstart__batch_size=2,
+                             trainer__total_steps=1, trainer__batch_size=2, trainer__mini_batch_size=2,
+                             rollout__n=2, rollout__max_response_tokens=120)  # fmt: skip
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    done = subprocess.run(
+        [sys.executable, "-m", "searchr1", "train", *args], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads((out / "warmstart" / "warmstart.json").read_text())
+    assert (
+        summary["done"]
+        and summary["examples"] == 2
+        and summary["skipped_rows"] == 6
+        and summary["steps"] == 1
+    )
+    saved = load_config(out / "config.yaml", [])
+    assert Path(saved.model.path) == out / "warmstart" / "model"  # RL started from the warm start's policy
+    from safetensors.torch import load_file
+
+    warm = load_file(str(out / "warmstart" / "model" / "model.safetensors"))
+    base = load_file(str(Path(tiny_model_dir) / "model.safetensors"))
+    assert any(not torch.equal(warm[k], base[k]) for k in base if k in warm)  # the adapter was merged in
+    again = subprocess.run([sys.executable, "-m", "searchr1", "warmstart", *args, "--no-progress"],
+                           capture_output=True, text=True, env=env)  # fmt: skip
+    assert again.returncode == 0 and "done before" in again.stderr
+
+
+def test_warm_start_on_data_without_gold_paths_is_one_line_and_exit_2(world, tiny_model_dir, tmp_path):
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text("".join(line + "\n" for line in world["train"].read_text().splitlines()[1:3]))
+    args = rlworld.overrides(world, tiny_model_dir, tmp_path / "run", model__lora_r=4, warmstart__epochs=1,
+                             data__train_files=[str(plain)])  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "searchr1", "warmstart", *args], capture_output=True, text=True,
+                          env=dict(os.environ, HF_HUB_OFFLINE="1"))  # fmt: skip
+    assert done.returncode == 2
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "gold path" in lines[0] and "supporting_titles" in lines[0]

@@ -27,11 +27,12 @@ from pathlib import Path
 from typing import Any
 
 RULE = (
-    "Fixed before the sweep: the variant with the highest mean over the tuning seeds of the kind-balanced "
-    "held-out EM after RL ((single-hop EM + multi-hop EM) / 2: a policy that answers two-hop questions and "
-    "still answers single-hop ones), among variants with no collapsed seed (searches per question after RL "
-    "< 0.5); a difference smaller than the standard error of the difference goes to the variant with the "
-    "higher mean multi-hop searches after RL. Tuning seeds only (100-103), never the demo's (0-2, 7, 8)."
+    "Fixed before the sweep (round 6): the variant with the highest mean over the tuning seeds of the "
+    "kind-balanced held-out EM after RL ((single-hop EM + multi-hop EM) / 2), among variants with no collapsed "
+    "seed (searches per question after RL < 0.5); a difference smaller than the standard error of the "
+    "difference goes to the variant with the higher mean decision accuracy after RL (the two-sided probe: "
+    "P(search) on two-hop questions after the first gold passage, P(answer) on single-hop ones after the passage "
+    "that holds the answer, averaged). Tuning seeds only (100-103), never the demo's (0-2, 7, 8, 11, 23)."
 )
 HARNESS = [
     "trainer.val_every=4",
@@ -57,14 +58,25 @@ RECIPE = [
 the whole training split (340 questions, half two-hop)."""
 GUIDED = ["guidance.off_policy=1", "guidance.branched=1", "guidance.share=0.5", "guidance.decay_until=0.75"]
 
+WARM = ["warmstart.batch_size=16", "warmstart.micro_batch_size=4", "warmstart.lr=1.0e-3"]
+"""The warm start every variant of this round runs first (one pass over the first N training questions' gold
+trajectories; N is the variant's)."""
+BUDGET = ["rollout.last_search_notice=true", "rollout.max_response_tokens=416"]
+"""Budgets that fit two searches and an answer at their limits (issue 47's first item)."""
+
 VARIANTS: dict[str, dict[str, Any]] = {
-    "guided": {"about": "one gold trajectory and one rollout branched from the gold prefix per failed group, "
-                        "half of the trajectories at step 0, decaying to none at 3/4 of the steps",
-               "set": [*RECIPE, *GUIDED, "trainer.actor_lr=5.0e-4"], "steps": 16},
+    "warm96_rl8": {"about": "warm start on 96 gold trajectories (one pass), then 8 guided RL steps",
+                   "set": [*RECIPE, *GUIDED, *BUDGET, *WARM, "warmstart.epochs=1", "warmstart.max_examples=96",
+                           "trainer.actor_lr=5.0e-4"], "steps": 8},
+    "warm192_rl4": {"about": "warm start on 192 gold trajectories (one pass), then 4 guided RL steps: the "
+                             "same minutes spent more on imitation",
+                    "set": [*RECIPE, *GUIDED, *BUDGET, *WARM, "warmstart.epochs=1", "warmstart.max_examples=192",
+                            "trainer.actor_lr=5.0e-4"], "steps": 4},
 }  # fmt: skip
-"""This round's only variant (the provisional shipped recipe): on this round's machine (2 AVX2 cores, no
-bfloat16 units) a run takes ~45 minutes, so four tuning seeds of one variant filled the time there was; the
-variants of earlier rounds and their rows are under ``earlier_rounds`` in the JSON."""
+"""This round's variants (issue 47): a warm start before RL, two splits of about the same time between
+imitation and RL. A run takes ~40 minutes on this round's machine (2 AVX2 cores shared with other work),
+so the sweep covers what the session's time allowed (the rows say which seeds ran); the variants of earlier
+rounds and their rows are under ``earlier_rounds`` in the JSON."""
 
 
 def command(name: str, seeds: list[int], runs: Path, jobs: int) -> list[str]:
@@ -102,6 +114,22 @@ def rows_of(name: str, summary: dict[str, Any], cmd: list[str], load: dict[str, 
                 "valid_format_after": s.get("valid_format_after"),
                 "probe_before": s.get("probe_before"),
                 "probe_after": s.get("probe_after"),
+                **{
+                    f"{k}_{when}": s.get(f"{k}_{when}")
+                    for k in ("decision", "probe_search", "probe_answer")
+                    for when in ("before", "warm", "after")
+                },
+                **{
+                    k: s.get(k)
+                    for k in (
+                        "em_warm",
+                        "em_single_warm",
+                        "em_multi_warm",
+                        "searches_single_warm",
+                        "searches_multi_warm",
+                        "valid_format_warm",
+                    )
+                },
                 "guided_share": s.get("guided_share"),
                 "best_step": (run.get("best") or {}).get("step"),
                 "warnings": [
@@ -118,7 +146,8 @@ def rows_of(name: str, summary: dict[str, Any], cmd: list[str], load: dict[str, 
 METRICS = (
     "em_by_kind_after", "gain", "em_after", "em_single_after", "em_multi_after", "searches_after",
     "searches_single_after", "searches_multi_after", "valid_format_after", "probe_before", "probe_after",
-    "guided_share",
+    "guided_share", "em_warm", "em_single_warm", "em_multi_warm", "searches_single_warm", "searches_multi_warm",
+    "decision_before", "decision_warm", "decision_after",
 )  # fmt: skip
 
 

@@ -55,7 +55,7 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument(
         "--no-ablation",
         action="store_true",
-        help="skip the ablation runs (the recipe without guidance, and with Search-R1's outcome reward alone)",
+        help="skip the ablation runs (RL alone without the warm start, the recipe without guidance, and with Search-R1's outcome reward alone)",
     )
     parser.add_argument("--no-zero-shot", action="store_true", help="skip the zero-shot prompt row")
     parser.add_argument(
@@ -117,6 +117,7 @@ def settings_from_args(args: argparse.Namespace) -> DemoSettings:
         no_search=settings.no_search and not args.no_control,
         outcome_only=settings.outcome_only and not args.no_ablation,
         no_guidance=settings.no_guidance and not args.no_ablation,
+        rl_only=settings.rl_only and not args.no_ablation,
         zero_shot_template="" if args.no_zero_shot else settings.zero_shot_template,
         nq_sample=settings.nq_sample if args.nq_sample is None else args.nq_sample,
         hotpotqa_sample=settings.hotpotqa_sample if args.hotpotqa_sample is None else args.hotpotqa_sample,
@@ -136,6 +137,7 @@ def settings_from_args(args: argparse.Namespace) -> DemoSettings:
             search="search" in args.only,
             no_search="no_search" in args.only,
             no_guidance="no_guidance" in args.only,
+            rl_only="rl_only" in args.only,
             outcome_only="outcome_only" in args.only,
             zero_shot_template=zero_shot if "zero_shot" in args.only else "",
         )

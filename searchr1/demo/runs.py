@@ -48,6 +48,7 @@ from searchr1.demo.settings import (
     NO_GUIDANCE_OVERRIDES,
     NQ_CORPUS,
     NQ_QUESTIONS,
+    RL_ONLY_OVERRIDES,
     SUMMARY_FILE,
     ZERO_SHOT_PROMPT_FILE,
     DemoSettings,
@@ -144,6 +145,47 @@ def demo_trainer(
     return trainer
 
 
+def _warm_started(
+    cfg: Any,
+    settings: DemoSettings,
+    seed: int,
+    retriever: Any,
+    train: list[dict],
+    val: list[dict],
+    out: Path,
+    prompt_path: Path,
+    extra: Sequence[str],
+    log: Callable[[str], None],
+) -> Any:
+    """The run's warm start (``searchr1.trainer.warmstart``, of the run's config ``cfg``, on a fresh copy of
+    the starting model) and the RL trainer set up on its policy (``trainer.warm_start`` holds the stage's
+    summary)."""
+    import gc
+
+    from searchr1.models import load_model
+    from searchr1.trainer.warmstart import run_warm_start
+
+    gc.collect()
+    starting = Path(cfg.model.path)
+    result = run_warm_start(
+        cfg, model=load_model(starting), tokenizer=None, retriever=retriever, train_samples=train,
+        progress=cfg.trainer.progress_bar and not cfg.trainer.progress_lines, log=lambda line: log(f"  {line}"),
+    )  # fmt: skip
+    warm = demo_trainer(
+        settings,
+        seed,
+        result.model_dir,
+        retriever,
+        train,
+        val,
+        out,
+        prompt_path,
+        [*extra, "warmstart.epochs=0"],
+    )
+    warm.warm_start = result.summary
+    return warm
+
+
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
@@ -176,6 +218,17 @@ def one_run(
     log(f"  second-search probe before: {_probe_line(probe['before'])}")
     real_before = {name: _evaluate_real(trainer, data, out / f"eval_{name}_before", prompt_path, seed)
                    for name, data in real.items()}  # fmt: skip
+    if trainer.cfg.warmstart.enabled:  # warm start alone: its policy evaluated, then RL starts from it
+        cfg = trainer.cfg
+        trainer.close()
+        del trainer  # its model and caches are freed before the warm start loads its own copy
+        trainer = _warm_started(cfg, settings, seed, retriever, train, val, out, prompt_path, extra, log)
+        evals["warm"] = evaluate_policy(trainer, test, out / "eval_warm", str(prompt_path), seed)
+        log(f"  warm start alone: {_line(evals['warm'], test, out / 'eval_warm')}")
+        probe["warm"] = _probe(trainer, test, prompt_path, retriever)
+        log(f"  second-search probe after the warm start: {_probe_line(probe['warm'])}")
+        real_warm = {name: _evaluate_real(trainer, data, out / f"eval_{name}_warm", prompt_path, seed)
+                     for name, data in real.items()}  # fmt: skip
     result = trainer.train()
     best = trainer.restore_best() if trainer.cfg.trainer.keep_best != "none" else None
     if best is not None:
@@ -212,8 +265,16 @@ def one_run(
         "plots": result.get("plots", []),
         "seconds": time.perf_counter() - t0,
     }
+    if "warm" in evals:
+        row["warm"] = overall(evals["warm"])
+        row["by_hops_warm"] = before_after(
+            test, before_path, out / "eval_warm" / "trajectories.jsonl", hops_of
+        )
+        row["warm_start"] = {k: v for k, v in trainer.warm_start.items() if k != "losses"}
     for name in real:
         row[name] = {"before": overall(real_before[name]), "after": overall(real_after[name])}
+        if "warm" in evals:
+            row[name]["warm"] = overall(real_warm[name])
         b, a = row[name]["before"], row[name]["after"]
         log(f"  {REAL_LABELS.get(name, name)}: EM {b['em']:.3f} -> {a['em']:.3f}, F1 {b['f1']:.3f} -> {a['f1']:.3f}, "
             f"searches/question {b['searches']:.2f} -> {a['searches']:.2f}, valid format "
@@ -315,7 +376,7 @@ class RunSpec:
 
     seed: int
     mode: str
-    """search | no_search (a backend that finds nothing) | no_guidance (the recipe with
+    """search | no_search (a backend that finds nothing) | rl_only (``RL_ONLY_OVERRIDES``) | no_guidance (the recipe with
     ``NO_GUIDANCE_OVERRIDES``) | outcome_only (the recipe with ``settings.outcome_only_overrides``) |
     zero_shot (the zero-shot prompt)."""
     prompt: Path
@@ -334,6 +395,8 @@ def plan_runs(settings: DemoSettings, out: Path, prompt_path: Path) -> list[RunS
             plan.append(RunSpec(seed, "search", prompt_path, "BM25 search", with_real=first))
         if settings.no_search:
             plan.append(RunSpec(seed, "no_search", prompt_path, "search disabled"))
+        if settings.rl_only:
+            plan.append(RunSpec(seed, "rl_only", prompt_path, "BM25 search, RL alone (no warm start)"))
         if settings.no_guidance:
             plan.append(RunSpec(seed, "no_guidance", prompt_path, "BM25 search, no guidance (the ablation)"))
         if settings.outcome_only:
@@ -371,6 +434,8 @@ def execute_run(
         extra += settings.outcome_only_overrides
     if spec.mode == "no_guidance":
         extra += NO_GUIDANCE_OVERRIDES
+    if spec.mode == "rl_only":
+        extra += RL_ONLY_OVERRIDES
     torch.manual_seed(spec.seed)
     log(f"seed {spec.seed}: RL with {spec.label}")
     prefix = f"[{name}] " if parallel else ""

@@ -31,9 +31,12 @@ OUTCOME_ONLY_OVERRIDES: tuple[str, ...] = (
 """What turns the demo's recipe into the outcome-only ablation: the plain Search-R1 reward, without the
 gold-coverage term, without the step rewards (credit for each search), without the replay of successful
 trajectories and without guidance; dotted config overrides applied after every other one."""
-RUN_NAMES = ("search", "no_search", "no_guidance", "outcome_only", "zero_shot")
-"""The runs of a seed (``--only``): the recipe; its search-disabled control (the same recipe, its guidance
-built from its own empty search results); the recipe without guidance; the outcome-only ablation; the
+RL_ONLY_OVERRIDES: tuple[str, ...] = ("warmstart.epochs=0",)
+"""What turns the demo's recipe into the ``rl_only`` row: the same RL without the warm start."""
+RUN_NAMES = ("search", "no_search", "rl_only", "no_guidance", "outcome_only", "zero_shot")
+"""The runs of a seed (``--only``): the recipe (its warm start alone is evaluated on the way); its
+search-disabled control (the same recipe, its warm start and guidance built from its own empty search
+results); RL alone (the recipe without the warm start); the recipe without guidance; the outcome-only ablation; the
 zero-shot prompt (first seed)."""
 HOTPOTQA_TEST = "test.jsonl"
 """The HotpotQA sample's test questions (``shared/data/hotpotqa-sample``), the transfer row's."""
@@ -71,6 +74,8 @@ class DemoSettings:
     """Run the recipe with search (the demo's main run; ``False`` only to run a control alone)."""
     no_search: bool = True
     """Also run the search-disabled control."""
+    rl_only: bool = True
+    """Also run RL alone: the recipe without the warm start (``RL_ONLY_OVERRIDES``)."""
     no_guidance: bool = True
     """Also run the recipe without guidance from the gold path (``NO_GUIDANCE_OVERRIDES``)."""
     outcome_only: bool = True
@@ -97,7 +102,7 @@ class DemoSettings:
     @classmethod
     def quick_settings(cls) -> DemoSettings:
         return cls(
-            seeds=(0,), num_test=48, no_search=False, no_guidance=False, outcome_only=False,
+            seeds=(0,), num_test=48, no_search=False, rl_only=False, no_guidance=False, outcome_only=False,
             zero_shot_template="", nq_sample="", hotpotqa_sample="",
         )  # fmt: skip
 
@@ -161,7 +166,13 @@ def validate_settings(settings: DemoSettings) -> None:
 
     if not settings.seeds:
         raise ValueError("--seeds: at least one seed is needed")
-    runs = (settings.search, settings.no_search, settings.no_guidance, settings.outcome_only)
+    runs = (
+        settings.search,
+        settings.no_search,
+        settings.rl_only,
+        settings.no_guidance,
+        settings.outcome_only,
+    )
     if not (any(runs) or settings.zero_shot_template):
         raise ValueError("no run left to do (every run of a seed is turned off)")
     if settings.num_test < 1:

@@ -16,6 +16,7 @@ from searchr1.trainer.tracking import read_metrics
 RUN_MODES = (
     ("search", ""),
     ("no_search", "no_search_"),
+    ("rl_only", "rl_only_"),
     ("no_guidance", "no_guidance_"),
     ("outcome_only", "outcome_only_"),
     ("zero_shot", "zero_shot_"),
@@ -106,6 +107,12 @@ def flat_row(row: dict[str, Any]) -> dict[str, Any]:
             for metric in ("em", "searches"):
                 flat[f"{prefix}{metric}_{key}_before"] = g[f"{metric}_before"]
                 flat[f"{prefix}{metric}_{key}_after"] = g[f"{metric}_after"]
+        if "warm" in r:  # the warm start alone (the recipe's runs with a warm start)
+            for metric in ("em", "searches", "f1", "valid_format"):
+                flat[f"{prefix}{metric}_warm"] = r["warm"][metric]
+            for hops, g in r.get("by_hops_warm", {}).items():
+                for metric in ("em", "searches"):
+                    flat[f"{prefix}{metric}_{hops.replace('-hop', '')}_warm"] = g[f"{metric}_after"]
         flat[f"{prefix}reward_first"] = r["reward_first"]
         flat[f"{prefix}reward_last"] = r["reward_last"]
         for when, probe in r.get("probe", {}).items():

@@ -235,3 +235,24 @@ def test_warm_start_on_data_without_gold_paths_is_one_line_and_exit_2(world, tin
     assert done.returncode == 2
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "gold path" in lines[0] and "supporting_titles" in lines[0]
+
+
+def test_hotpotqa_rows_give_gold_trajectories_through_their_supporting_titles(tokenizer):
+    from searchr1.data.hotpotqa import flashrag_row, hotpotqa_corpus
+    from searchr1.retrieval.corpus import Document, split_contents
+    from searchr1.rollout.config import RolloutConfig
+
+    row = {
+        "id": "h1", "question": "Where was the founder of Quillon Press born?", "answer": "Borvik", "type": "bridge",
+        "supporting_facts": [["Quillon Press", 0], ["Alice Verdan", 1]],
+        "context": [["Quillon Press", ["Quillon Press was founded by Alice Verdan."]],
+                    ["Alice Verdan", ["Alice Verdan was a poet.", " She was born in Borvik."]]],
+    }  # fmt: skip
+    corpus = [Document(p["id"], *split_contents(p["contents"])) for p in hotpotqa_corpus([row])]
+    writer = GoldWriter(tokenizer, RolloutConfig(max_turns=2, max_obs_tokens=80, max_response_tokens=400),
+                        BM25Retriever.from_documents(corpus), 1)  # fmt: skip
+    ex = gold_examples([flashrag_row(row)], tokenizer, "base", writer)
+    traj = ex.trajectories[0]
+    assert ex.kinds == ["multi-hop"] and traj.queries == ["Quillon Press", "Alice Verdan"]
+    assert [d[0]["title"] for d in traj.documents] == ["Quillon Press", "Alice Verdan"]
+    assert tokenizer.decode(traj.response_ids).rstrip().endswith("<answer> Borvik </answer>")

@@ -117,6 +117,9 @@ def flat_row(row: dict[str, Any]) -> dict[str, Any]:
         flat[f"{prefix}reward_last"] = r["reward_last"]
         for when, probe in r.get("probe", {}).items():
             flat[f"{prefix}probe_{when}"] = probe.get("second_search_p")
+            flat[f"{prefix}decision_{when}"] = probe.get("decision_accuracy")
+            for side in ("search", "answer"):
+                flat[f"{prefix}probe_{side}_{when}"] = (probe.get(f"{side}_side") or {}).get("p")
         for key, value in r.get("training", {}).items():
             flat[f"{prefix}{key}"] = value
         flat[f"{prefix}seconds"] = r.get("seconds", math.nan)

@@ -47,7 +47,7 @@ def test_the_demo_command_writes_summary_json_with_both_ablations(tmp_path, tiny
     printed = capsys.readouterr().out
     summary = json.loads((out / "summary.json").read_text())
     row = summary["seeds"]["3"]
-    assert list(row["runs"]) == ["search", "no_search", "no_guidance", "outcome_only"]
+    assert list(row["runs"]) == ["search", "no_search", "rl_only", "no_guidance", "outcome_only"]
     for mode, run in row["runs"].items():
         assert run["steps"] == 2 and len(run["reward_curve"]) == 2, mode
         for when in ("before", "after"):  # the numbers are those of the evaluation files
@@ -69,6 +69,9 @@ def test_the_demo_command_writes_summary_json_with_both_ablations(tmp_path, tiny
         return flat(yaml.safe_load((out / "seed_3" / mode / "config.yaml").read_text()))
 
     recipe, no_guidance, outcome_only = config("search"), config("no_guidance"), config("outcome_only")
+    rl_only = config("rl_only")  # RL alone: the recipe without its warm start
+    differ = {k for k in recipe.keys() | rl_only.keys() if recipe.get(k) != rl_only.get(k)}
+    assert rl_only["warmstart.epochs"] == 0 and differ <= {"trainer.out_dir", "warmstart.epochs"}
     assert recipe["guidance.off_policy"] >= 1 and recipe["replay.enabled"] and recipe["reward.step_gain"] > 0
     differ = {k for k in recipe.keys() | no_guidance.keys() if recipe.get(k) != no_guidance.get(k)}
     assert differ == {"trainer.out_dir", "guidance.off_policy", "guidance.branched"}
@@ -130,8 +133,8 @@ def test_only_picks_the_runs_of_a_seed():
         return [(r.seed, r.mode) for r in plan_runs(settings, Path("out"), Path("out/prompt.json"))]
 
     assert modes("--seeds", "0", "1") == [
-        (0, "search"), (0, "no_search"), (0, "no_guidance"), (0, "outcome_only"), (0, "zero_shot"),
-        (1, "search"), (1, "no_search"), (1, "no_guidance"), (1, "outcome_only"),
+        (0, "search"), (0, "no_search"), (0, "rl_only"), (0, "no_guidance"), (0, "outcome_only"), (0, "zero_shot"),
+        (1, "search"), (1, "no_search"), (1, "rl_only"), (1, "no_guidance"), (1, "outcome_only"),
     ]  # fmt: skip
     assert modes("--seeds", "0", "1", "--no-ablation", "--no-zero-shot") == [
         (0, "search"), (0, "no_search"), (1, "search"), (1, "no_search")
@@ -140,6 +143,7 @@ def test_only_picks_the_runs_of_a_seed():
     assert modes("--quick") == [(0, "search")]
     assert modes("--quick", "--only", "search", "zero_shot") == [(0, "search"), (0, "zero_shot")]
     assert modes("--only", "no_guidance", "--seeds", "7") == [(7, "no_guidance")]
+    assert modes("--only", "rl_only", "--seeds", "7") == [(7, "rl_only")]
 
 
 @pytest.mark.parametrize(

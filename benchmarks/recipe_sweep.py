@@ -72,9 +72,18 @@ VARIANTS: dict[str, dict[str, Any]] = {
                              "same minutes spent more on imitation",
                     "set": [*RECIPE, *GUIDED, *BUDGET, *WARM, "warmstart.epochs=1", "warmstart.max_examples=192",
                             "trainer.actor_lr=5.0e-4"], "steps": 4},
+    "warm96_rl8_2shot": {
+        "about": "warm96_rl8 with the instruct_2shot prompt (one single-hop and one two-hop worked example, "
+        "where instruct_2hop shows two two-hop ones): both sides of the decision in the prompt too",
+        "set": [*RECIPE, *GUIDED, *BUDGET, *WARM, "warmstart.epochs=1", "warmstart.max_examples=96",
+                "trainer.actor_lr=5.0e-4"],
+        "steps": 8,
+        "template": "instruct_2shot",
+    },
 }  # fmt: skip
 """This round's variants (issue 47): a warm start before RL, two splits of about the same time between
-imitation and RL. A run takes ~40 minutes on this round's machine (2 AVX2 cores shared with other work),
+imitation and RL, and the first of them with a prompt that shows both sides of the decision (defined before
+any of them ran; a variant's ``template`` is the demo's ``--template``). A run takes ~40 minutes on this round's machine (2 AVX2 cores shared with other work),
 so the sweep covers what the session's time allowed (the rows say which seeds ran); the variants of earlier
 rounds and their rows are under ``earlier_rounds`` in the JSON."""
 
@@ -87,6 +96,8 @@ def command(name: str, seeds: list[int], runs: Path, jobs: int) -> list[str]:
     ]  # fmt: skip
     if spec.get("steps"):
         cmd += ["--steps", str(spec["steps"])]
+    if spec.get("template"):
+        cmd += ["--template", spec["template"]]
     return cmd + HARNESS + list(spec["set"])
 
 

@@ -82,8 +82,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     },
 }  # fmt: skip
 """This round's variants (issue 47): a warm start before RL, two splits of about the same time between
-imitation and RL, and the first of them with a prompt that shows both sides of the decision (defined before
-any of them ran; a variant's ``template`` is the demo's ``--template``). A run takes ~40 minutes on this round's machine (2 AVX2 cores shared with other work),
+imitation and RL (defined after a pilot on development seed 200, before any tuning seed ran), and the first
+of them with a prompt that shows both sides of the decision (added while the first two ran, before any of
+their tuning rows was read); a variant's ``template`` is the demo's ``--template``. A run takes ~40 minutes on this round's machine (2 AVX2 cores shared with other work),
 so the sweep covers what the session's time allowed (the rows say which seeds ran); the variants of earlier
 rounds and their rows are under ``earlier_rounds`` in the JSON."""
 

@@ -227,23 +227,33 @@ REAL_LABELS = {"nq": "NQ sample", "hotpotqa": "HotpotQA sample (transfer)"}
 
 
 def _probe(trainer: Any, test: list[dict], prompt_path: Path, retriever: Any) -> dict[str, Any]:
-    """The second-search probe (``searchr1.evaluation.probe``) of the trainer's policy on the test's
-    multi-hop questions, with the run's own search backend."""
-    from searchr1.evaluation.probe import second_search_probe
+    """The decision probe (``searchr1.evaluation.probe``) of the trainer's policy on the test's questions
+    with a gold path, with the run's own search backend."""
+    from searchr1.evaluation.probe import decision_probe
     from searchr1.precision import autocast
     from searchr1.rollout.gold import GoldWriter
 
     cfg = trainer.cfg
     writer = GoldWriter(trainer.tokenizer, cfg.rollout, retriever, cfg.retrieval.topk)
     with autocast(trainer.device, cfg.model.bf16_autocast):
-        return second_search_probe(trainer.policy, trainer.tokenizer, test, str(prompt_path), writer)
+        return decision_probe(trainer.policy, trainer.tokenizer, test, str(prompt_path), writer)
 
 
 def _probe_line(probe: dict[str, Any]) -> str:
-    if not probe["questions"]:
-        return "no two-hop test question"
-    return (f"P(search | after the first passage) {probe['second_search_p']:.3f} over {probe['questions']} "
-            f"two-hop questions, greedy searches again on {probe['greedy_search_share']:.2f}")  # fmt: skip
+    """One log line (after "second-search probe before/after:"): the search side, the answer side (each
+    P(the right decision), questions, greedy share of the right tag) and the decision accuracy."""
+
+    def side(name: str, decision: str, kind: str) -> str:
+        s = probe[f"{name}_side"]
+        if not s["questions"]:
+            return f"no {kind} question"
+        return f"P({decision}) {s['p']:.3f} over {s['questions']} {kind} questions, greedy {s['greedy_share']:.2f}"
+
+    accuracy = probe["decision_accuracy"]
+    return (
+        f"{side('search', 'search again', 'two-hop')}; {side('answer', 'answer', 'one-hop')}; "
+        f"decision accuracy {'n/a' if accuracy is None else f'{accuracy:.3f}'}"
+    )
 
 
 def training_means(metrics_path: Path) -> dict[str, float]:

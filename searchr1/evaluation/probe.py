@@ -1,19 +1,34 @@
-"""The second-search probe: after the first passage of a two-hop question, does the policy search again?
+"""The decision probe: after a gold search and its passage, does the policy decide as the passage asks?
 
-For each question whose gold path searches two titles or more (``searchr1.rollout.gold``), the policy is
-teacher-forced through its prompt and the gold path up to the end of the first ``<information>`` (the first
-gold search and its real observation), then decodes its next turn greedily. The decision point is where
-that turn opens its action tag (the first ``<search>`` or ``<answer>`` in it; where it opens neither, the
-end of the turn). There, with ``x`` the context and ``S`` / ``A`` the tokens of ``<search>`` / ``<answer>``:
+Two sides, each teacher-forced through the question's prompt and its gold path (``searchr1.rollout.gold``)
+up to the end of the first ``<information>`` (the first gold search and its real observation):
+
+* the search side: the questions whose gold path searches two titles or more. The passage names what to
+  look up next: the right decision is to search again.
+* the answer side: the questions whose gold path searches one title, where the first passage holds the
+  gold answer (``sentence_naming``: a sentence of the hits contains it; the others are left out and
+  counted). The passage holds the answer: the right decision is to answer.
+
+From that context the policy decodes its next turn greedily. The decision point is where that turn opens
+its action tag (the first ``<search>`` or ``<answer>`` in it; where it opens neither, the end of the turn).
+There, with ``x`` the context and ``S`` / ``A`` the tokens of ``<search>`` / ``<answer>``:
 
     log P(S | x) = sum_j log softmax(logits(x, S_<j))[S_j]         (temperature 1, the policy's own numbers)
     p_search     = P(S | x) / (P(S | x) + P(A | x))
+    p            = p_search           on the search side
+                   1 - p_search       on the answer side  (= P(A | x) / (P(S | x) + P(A | x)))
 
-``p_search`` is the probability that the policy's next turn opens a search rather than an answer, given its
-own reasoning up to the decision; its mean over the questions is the probe (``second_search_p``), reported
-before and after RL. ``greedy_search_share`` is the share of questions whose greedy turn opened a search.
+Each side's ``p`` is the mean over its questions; ``greedy_share`` the share of its questions whose greedy
+turn opened the right tag. The decision accuracy weighs the two sides alike, whatever their sizes:
 
-    probe = second_search_probe(model, tokenizer, samples, template, writer)   # {"second_search_p", ...}
+    decision_accuracy = (p_search_side + p_answer_side) / 2
+
+A policy that always searches (or always answers) scores 1/2; one that searches exactly when the passage
+names the next hop scores 1. A side without a question is None, and so is the decision accuracy then.
+``second_search_p`` (the search side's ``p``) keeps the probe's earlier one-sided number.
+
+    probe = decision_probe(model, tokenizer, samples, template, writer)
+    probe["decision_accuracy"], probe["search_side"]["p"], probe["answer_side"]["p"]
 """
 
 from __future__ import annotations
@@ -26,7 +41,7 @@ import torch
 
 from searchr1.data.formats import sample_prompt
 from searchr1.data.prompts import ANSWER_OPEN, SEARCH_OPEN
-from searchr1.rollout.gold import GoldWriter, gold_path
+from searchr1.rollout.gold import GoldPath, GoldWriter, gold_path, sentence_naming
 
 
 @dataclass
@@ -96,35 +111,69 @@ def probe_question(model: Any, tokenizer: Any, context: list[int], max_tokens: i
     return {"p_search": p_search, "opened": decision.tag, "turn": tokenizer.decode(turn)}
 
 
-def second_search_probe(
+SEARCH_SIDE = "search"
+ANSWER_SIDE = "answer"
+
+
+def side_of(path: GoldPath | None, first_hits: Sequence[Any]) -> str | None:
+    """The side of a question (see the module docstring) given its gold path and what its first gold search
+    returned; None: on neither side (no gold path, or a one-search path whose passage lacks the answer)."""
+    if path is None:
+        return None
+    if len(path.queries) >= 2:
+        return SEARCH_SIDE
+    return ANSWER_SIDE if sentence_naming(first_hits, path.answer) is not None else None
+
+
+def decision_probe(
     model: Any, tokenizer: Any, samples: Sequence[Any], template: str, writer: GoldWriter
 ) -> dict[str, Any]:
-    """The probe over the samples whose gold path searches two titles or more (``writer``: the run's
-    tokenizer, rollout limits and search backend, which answers the first gold search); the means are None
-    when there is no such sample."""
+    """The two-sided probe over ``samples`` (``writer``: the run's tokenizer, rollout limits and search
+    backend, which answers the first gold search); rows in the samples' order, each tagged with its side."""
     was_training = model.training
     model.eval()
     rows = []
+    left_out = 0
     try:
         for sample in samples:
             path = gold_path(sample)
-            if path is None or len(path.queries) < 2:
+            if path is None:
                 continue
-            prompt = tokenizer(sample_prompt(sample, template, tokenizer), add_special_tokens=False)[
-                "input_ids"
-            ]
             prefix = writer.prefix(path)
-            context = list(prompt) + prefix.turn_ids + prefix.obs_ids
+            side = side_of(path, prefix.documents)
+            if side is None:
+                left_out += 1
+                continue
+            prompt = tokenizer(sample_prompt(sample, template, tokenizer), add_special_tokens=False)
+            context = list(prompt["input_ids"]) + prefix.turn_ids + prefix.obs_ids
             row = probe_question(model, tokenizer, context, int(writer.config.max_turn_tokens))
-            rows.append({"question": _question(sample), "second_query": path.queries[1], **row})
+            p = row["p_search"] if side == SEARCH_SIDE else 1.0 - row["p_search"]
+            rows.append({"side": side, "question": _question(sample), "queries": list(path.queries),
+                         "p": p, **row})  # fmt: skip
     finally:
         model.train(was_training)
+    search = _side_summary([r for r in rows if r["side"] == SEARCH_SIDE], SEARCH_OPEN)
+    answer = {
+        **_side_summary([r for r in rows if r["side"] == ANSWER_SIDE], ANSWER_OPEN),
+        "left_out": left_out,
+    }
+    both = search["p"] is not None and answer["p"] is not None
+    return {
+        "search_side": search,
+        "answer_side": answer,
+        "decision_accuracy": (search["p"] + answer["p"]) / 2 if both else None,
+        "second_search_p": search["p"],
+        "rows": rows,
+    }
+
+
+def _side_summary(rows: list[dict[str, Any]], right_tag: str) -> dict[str, Any]:
+    """A side's questions, mean ``p`` and share of greedy turns that opened ``right_tag`` (None: no row)."""
     n = len(rows)
     return {
         "questions": n,
-        "second_search_p": sum(r["p_search"] for r in rows) / n if n else None,
-        "greedy_search_share": sum(r["opened"] == SEARCH_OPEN for r in rows) / n if n else None,
-        "rows": rows,
+        "p": sum(r["p"] for r in rows) / n if n else None,
+        "greedy_share": sum(r["opened"] == right_tag for r in rows) / n if n else None,
     }
 
 

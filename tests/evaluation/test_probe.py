@@ -1,14 +1,16 @@
-"""The second-search probe (searchr1.evaluation.probe) on the tiny model against a hand computation: full
+"""The decision probe (searchr1.evaluation.probe) on the tiny model against a hand computation: full
 forward passes, argmax decoding and log-softmax sums written out here, without the probe's helpers."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 import torch
 
-from searchr1.evaluation.probe import decision_point, probe_question, second_search_probe
+from searchr1.evaluation import probe
+from searchr1.evaluation.probe import decision_point, decision_probe, probe_question
 from searchr1.retrieval.bm25 import BM25Retriever
 from searchr1.retrieval.corpus import read_corpus
 from searchr1.rollout.config import RolloutConfig
@@ -49,6 +51,24 @@ def _logprob_by_hand(model, ids: list[int], start: int) -> float:
     return total
 
 
+def _p_search_by_hand(model, tokenizer, context: list[int], max_tokens: int) -> tuple[float, str]:
+    """Greedy decoding by hand (a full forward pass per token, argmax of the last position), then
+    P(S) / (P(S) + P(A)) at the decision point with log-softmax sums; returns it and the decoded turn."""
+    turn: list[int] = []
+    with torch.no_grad():
+        for _ in range(max_tokens):
+            token = int(model(input_ids=torch.tensor([context + turn])).logits[0, -1].argmax())
+            turn.append(token)
+            if token == tokenizer.eos_token_id:
+                break
+    decision = decision_point(turn, tokenizer)
+    at = context + decision.ids
+    s = tokenizer.encode(decision.lead + "<search>", add_special_tokens=False)
+    a = tokenizer.encode(decision.lead + "<answer>", add_special_tokens=False)
+    log_s, log_a = _logprob_by_hand(model, at + s, len(at)), _logprob_by_hand(model, at + a, len(at))
+    return math.exp(log_s) / (math.exp(log_s) + math.exp(log_a)), tokenizer.decode(turn)
+
+
 def test_probe_question_against_a_hand_computation(model, tiny_tokenizer):
     context = tiny_tokenizer.encode(
         "Question: where was Alice Verdan born? <think> I should search. </think> <search> Alice Verdan </search>"
@@ -56,41 +76,97 @@ def test_probe_question_against_a_hand_computation(model, tiny_tokenizer):
         add_special_tokens=False,
     )
     got = probe_question(model, tiny_tokenizer, context, max_tokens=12)
-    # greedy by hand: a full forward pass per token, argmax of the last position
-    turn: list[int] = []
-    with torch.no_grad():
-        for _ in range(12):
-            token = int(model(input_ids=torch.tensor([context + turn])).logits[0, -1].argmax())
-            turn.append(token)
-            if token == tiny_tokenizer.eos_token_id:
-                break
-    assert tiny_tokenizer.decode(turn) == got["turn"]
-    decision = decision_point(turn, tiny_tokenizer)
-    at = context + decision.ids
-    s = tiny_tokenizer.encode(decision.lead + "<search>", add_special_tokens=False)
-    a = tiny_tokenizer.encode(decision.lead + "<answer>", add_special_tokens=False)
-    log_s, log_a = _logprob_by_hand(model, at + s, len(at)), _logprob_by_hand(model, at + a, len(at))
-    assert got["p_search"] == pytest.approx(math.exp(log_s) / (math.exp(log_s) + math.exp(log_a)), abs=1e-5)
+    p_search, turn = _p_search_by_hand(model, tiny_tokenizer, context, 12)
+    assert turn == got["turn"]
+    assert got["p_search"] == pytest.approx(p_search, abs=1e-5)
     assert 0.0 < got["p_search"] < 1.0
 
 
-def test_the_probe_covers_the_two_hop_questions_only(model, tiny_tokenizer, tmp_path):
+PRESS = "The Quillon Press was founded by Alice Verdan."
+BORN = "Alice Verdan was born in Borvik in 1901."
+
+
+def test_each_question_is_probed_on_its_side_after_its_own_gold_prefix(
+    model, tiny_tokenizer, tmp_path, monkeypatch
+):
+    """Two-hop questions on the search side (p = p_search), one-hop questions whose first passage holds the
+    answer on the answer side (p = 1 - p_search), each from exactly prompt + the first gold search turn + its
+    observation; a one-hop question whose passage lacks the answer, and a row without a gold path, on none."""
     corpus = tmp_path / "corpus.jsonl"
+    docs = [("Quillon Press", PRESS), ("Alice Verdan", BORN)]
     corpus.write_text(
-        '{"id": "0", "contents": "\\"Quillon Press\\"\\nThe Quillon Press was founded by Alice Verdan."}\n'
-        '{"id": "1", "contents": "\\"Alice Verdan\\"\\nAlice Verdan was born in Borvik in 1901."}\n'
+        "".join(json.dumps({"id": str(i), "contents": f'"{t}"\n{x}'}) + "\n" for i, (t, x) in enumerate(docs))
     )
     template = tmp_path / "template.txt"
     template.write_text("Question: {question}\n")
     retriever = BM25Retriever.from_documents(list(read_corpus(corpus)))
     writer = GoldWriter(tiny_tokenizer, RolloutConfig(max_turns=2, max_turn_tokens=8), retriever, topk=1)
-    two_hop = {"question": "where was the founder of the Quillon Press born", "golden_answers": ["Borvik"],
-               "metadata": {"supporting_titles": ["Quillon Press", "Alice Verdan"]}}  # fmt: skip
-    one_hop = {"question": "where was Alice Verdan born", "golden_answers": ["Borvik"],
-               "metadata": {"supporting_titles": ["Alice Verdan"]}}  # fmt: skip
-    out = second_search_probe(
-        model, tiny_tokenizer, [one_hop, two_hop, one_hop], str(template), writer
-    )
-    assert out["questions"] == 1 and out["rows"][0]["second_query"] == "Alice Verdan"
-    assert out["second_search_p"] == pytest.approx(out["rows"][0]["p_search"])
+    one_hop = {
+        "question": "where was Alice Verdan born?",
+        "golden_answers": ["Borvik"],
+        "metadata": {"supporting_titles": ["Alice Verdan"]},
+    }
+    two_hop = {
+        "question": "where was the founder of the Quillon Press born?",
+        "golden_answers": ["Borvik"],
+        "metadata": {"supporting_titles": ["Quillon Press", "Alice Verdan"]},
+    }
+    no_answer = {
+        "question": "when was the Quillon Press founded?",
+        "golden_answers": ["1890"],
+        "metadata": {"supporting_titles": ["Quillon Press"]},
+    }  # its passage never says 1890
+    no_path = {"question": "where was Alice Verdan born?", "golden_answers": ["Borvik"]}  # fmt: skip
+    contexts = []
+    real = probe.probe_question
+
+    def spied(model, tokenizer, context, max_tokens):
+        contexts.append(list(context))
+        return real(model, tokenizer, context, max_tokens)
+
+    monkeypatch.setattr(probe, "probe_question", spied)
+    out = decision_probe(model, tiny_tokenizer, [no_path, one_hop, no_answer, two_hop], str(template), writer)
+
+    def encode(text: str) -> list[int]:
+        return tiny_tokenizer.encode(text, add_special_tokens=False)
+
+    def expected_context(question: str, title: str, passage: str) -> list[int]:
+        turn = f"<think> I should search {title}. </think>\n<search> {title} </search>"
+        observation = f"\n\n<information>Doc 1(Title: {title}) {passage}\n</information>\n\n"
+        return encode(f"Question: {question}\n") + encode(turn) + encode(observation)
+
+    expected = [expected_context(one_hop["question"], "Alice Verdan", BORN),
+                expected_context(two_hop["question"], "Quillon Press", PRESS)]  # fmt: skip
+    assert contexts == expected
+    assert [(r["side"], r["question"]) for r in out["rows"]] == [
+        ("answer", one_hop["question"]),
+        ("search", two_hop["question"]),
+    ]
+    p_answer_q = 1.0 - _p_search_by_hand(model, tiny_tokenizer, expected[0], 8)[0]
+    p_search_q = _p_search_by_hand(model, tiny_tokenizer, expected[1], 8)[0]
+    assert [r["p"] for r in out["rows"]] == pytest.approx([p_answer_q, p_search_q], abs=1e-5)
+    assert out["answer_side"]["questions"] == 1 and out["answer_side"]["left_out"] == 1
+    assert out["search_side"]["questions"] == 1
+    assert out["answer_side"]["p"] == pytest.approx(p_answer_q, abs=1e-5)
+    assert out["search_side"]["p"] == pytest.approx(p_search_q, abs=1e-5) == out["second_search_p"]
+    assert out["decision_accuracy"] == pytest.approx((p_answer_q + p_search_q) / 2, abs=1e-5)
+    opened = [r["opened"] for r in out["rows"]]
+    assert out["answer_side"]["greedy_share"] == float(opened[0] == "<answer>")
+    assert out["search_side"]["greedy_share"] == float(opened[1] == "<search>")
     assert model.training is False
+
+
+def test_a_side_without_questions_is_none_and_so_is_the_decision_accuracy(model, tiny_tokenizer, tmp_path):
+    class NoSearch:
+        def search(self, queries, topk):
+            return [[] for _ in queries]
+
+    template = tmp_path / "template.txt"
+    template.write_text("Question: {question}\n")
+    writer = GoldWriter(tiny_tokenizer, RolloutConfig(max_turns=2, max_turn_tokens=4), NoSearch(), topk=1)
+    one_hop = {"question": "where was Alice Verdan born?", "golden_answers": ["Borvik"],
+               "metadata": {"supporting_titles": ["Alice Verdan"]}}  # fmt: skip
+    out = decision_probe(model, tiny_tokenizer, [one_hop], str(template), writer)
+    assert out["answer_side"] == {"questions": 0, "p": None, "greedy_share": None, "left_out": 1}
+    assert out["search_side"] == {"questions": 0, "p": None, "greedy_share": None}
+    assert out["decision_accuracy"] is None and out["second_search_p"] is None and out["rows"] == []

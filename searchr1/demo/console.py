@@ -34,11 +34,13 @@ REAL_DATA = (
 
 def format_results(summary: dict[str, Any]) -> str:
     """The before/after table, one line per seed and run: EM overall, single- and multi-hop after RL,
-    searches per single- and per multi-hop question after, the second-search probe before -> after, the
-    guided share of training, valid format after, and minutes."""
+    searches per single- and per multi-hop question before -> after, the decision probe before -> after
+    (its search side, its answer side and the decision accuracy, their mean), the guided share of training,
+    valid format after, and minutes."""
     head = (
         f"{'seed':>4}  {'run':<16} {'EM before':>9} {'EM after':>9} {'single':>6} {'multi':>6} "
-        f"{'search/q single':>15} {'search/q multi':>14} {'probe':>12} {'guided':>6} {'valid':>5} {'min':>5}"
+        f"{'search/q single':>15} {'search/q multi':>14} {'search side':>12} {'answer side':>12} "
+        f"{'decision':>12} {'guided':>6} {'valid':>5} {'min':>5}"
     )
     lines = [head, "-" * len(head)]
     for seed, r in summary["seeds"].items():
@@ -48,16 +50,21 @@ def format_results(summary: dict[str, Any]) -> str:
             get = lambda key: _number(r.get(p + key))  # noqa: B023, E731
             single = f"{get('searches_single_before'):.2f} -> {get('searches_single_after'):.2f}"
             multi = f"{get('searches_multi_before'):.2f} -> {get('searches_multi_after'):.2f}"
-            probe = f"{get('probe_before'):.2f} -> {get('probe_after'):.2f}"
+            probe = " ".join(
+                f"{get(key + '_before'):.2f} -> {get(key + '_after'):.2f}".rjust(12)
+                for key in ("probe_search", "probe_answer", "decision")
+            )
             lines.append(
                 f"{seed:>4}  {label:<16} {r[p + 'em_before']:>9.3f} {r[p + 'em_after']:>9.3f} "
                 f"{get('em_single_after'):>6.3f} {get('em_multi_after'):>6.3f} {single:>15} {multi:>14} "
-                f"{probe:>12} {r.get(p + 'guided_share', 0.0):>6.2f} {r[p + 'valid_format_after']:>5.2f} "
+                f"{probe} {r.get(p + 'guided_share', 0.0):>6.2f} {r[p + 'valid_format_after']:>5.2f} "
                 f"{get('seconds') / 60:>5.1f}"
             )
     lines.append(
-        "probe: P(the next turn searches rather than answers) after the first gold search and its passage, "
-        "mean over the two-hop test questions; guided: share of training trajectories from the gold path"
+        "decision probe, after the first gold search and its passage: search side P(the next turn searches "
+        "rather than answers) on the two-hop test questions, answer side P(it answers) on the one-hop ones "
+        "whose passage holds the answer, decision = their mean; guided: share of training trajectories from "
+        "the gold path"
     )
     return "\n".join(lines)
 
@@ -102,8 +109,17 @@ def _mean_lines(m: dict[str, Any], seeds: int) -> list[str]:
             f"searches/question {m['searches_before']:.2f} -> {m['searches_after']:.2f} "
             f"(multi-hop {m.get('searches_multi_after', math.nan):.2f})"
         )
-    if "probe_before" in m and "probe_after" in m:
-        lines.append(f"second-search probe: {m['probe_before']:.3f} -> {m['probe_after']:.3f}")
+    probe = [
+        f"{label} {m[f'{key}_before']:.3f} -> {m[f'{key}_after']:.3f}"
+        for key, label in (
+            ("decision", "decision probe: accuracy"),
+            ("probe_search", "P(search again) on two-hop"),
+            ("probe_answer", "P(answer) on one-hop"),
+        )
+        if f"{key}_before" in m and f"{key}_after" in m
+    ]
+    if probe:
+        lines.append(", ".join(probe))
     for prefix, label in (
         ("no_search_", "search disabled:       "),
         ("no_guidance_", "no-guidance ablation:  "),

@@ -88,9 +88,24 @@ def overall(summary: dict[str, Any]) -> dict[str, float]:
     return {k: float(o[k]) for k in ("em", "f1", "searches", "valid_format")}
 
 
+def probe_keys(probe: dict[str, Any]) -> dict[str, float | None]:
+    """The flat keys of one decision probe (``searchr1.evaluation.probe``), before ``_before`` / ``_after``:
+    ``decision`` (the decision accuracy, (p_search_side + p_answer_side) / 2), ``probe_search`` and
+    ``probe_answer`` (each side's mean P(the right decision)), and ``probe`` (the search side, the key of the
+    one-sided probe before it); None where the probe has no such number."""
+    search = (probe.get("search_side") or {}).get("p", probe.get("second_search_p"))
+    return {
+        "decision": probe.get("decision_accuracy"),
+        "probe_search": search,
+        "probe_answer": (probe.get("answer_side") or {}).get("p"),
+        "probe": search,
+    }
+
+
 def flat_row(row: dict[str, Any]) -> dict[str, Any]:
     """The per-seed keys of summary.json: EM, F1, searches, valid format before and after, single- and
-    multi-hop EM and searches, the second-search probe before and after (``probe_before`` / ``probe_after``),
+    multi-hop EM and searches, the decision probe before and after (``probe_keys``: ``decision_before``,
+    ``probe_search_before``, ``probe_answer_before``, ``probe_before`` = the search side, and ``_after``),
     the guided share and second-search rate of training (``guided_share``, ``second_search_rate_first`` /
     ``_last``), for the search run (no prefix), the control (``no_search_``, also nested under
     ``no_search``), the ablations (``no_guidance_``, ``outcome_only_``) and the zero-shot row (``zero_shot_``)."""
@@ -116,10 +131,7 @@ def flat_row(row: dict[str, Any]) -> dict[str, Any]:
         flat[f"{prefix}reward_first"] = r["reward_first"]
         flat[f"{prefix}reward_last"] = r["reward_last"]
         for when, probe in r.get("probe", {}).items():
-            flat[f"{prefix}probe_{when}"] = probe.get("second_search_p")
-            flat[f"{prefix}decision_{when}"] = probe.get("decision_accuracy")
-            for side in ("search", "answer"):
-                flat[f"{prefix}probe_{side}_{when}"] = (probe.get(f"{side}_side") or {}).get("p")
+            flat.update({f"{prefix}{key}_{when}": value for key, value in probe_keys(probe).items()})
         for key, value in r.get("training", {}).items():
             flat[f"{prefix}{key}"] = value
         flat[f"{prefix}seconds"] = r.get("seconds", math.nan)
@@ -132,11 +144,13 @@ def flat_row(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def mean_row(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """Mean of each numeric key over the rows that have it (the zero-shot row: the first seed only)."""
+    """Mean of each numeric key over the rows where it is a number (the zero-shot row: the first seed only;
+    a probe side without questions: None)."""
     keys: list[str] = []
     for r in rows:
         keys.extend(k for k, v in r.items() if isinstance(v, int | float) and k not in keys)
-    return {k: sum(r[k] for r in rows if k in r) / sum(k in r for r in rows) for k in keys}
+    numbers = {k: [r[k] for r in rows if isinstance(r.get(k), int | float)] for k in keys}
+    return {k: sum(v) / len(v) for k, v in numbers.items()}
 
 
 def example_trajectories(run_dir: Path) -> tuple[dict | None, dict | None]:

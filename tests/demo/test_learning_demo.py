@@ -114,15 +114,30 @@ def test_tiny_run_writes_the_summary_with_both_runs(tiny_demo, tiny_model_dir):
         titles = {h["title"] for r in recs for hits in r["documents"] for h in hits}
         assert titles <= {"Quillon Press", "Alice Verdan", "Ost", "Tarn"}  # BM25 over their own paragraphs
     assert "hotpotqa" not in runs["no_search"]
-    # the second-search probe, before and after, over the test's two-hop questions
+    # the decision probe, before and after: every two-hop test question on the search side, the one-hop
+    # ones whose passage holds the answer on the answer side; the flat keys are those sides' means
     probe = json.loads((tmp_path / "seed_3" / "search" / "probe.json").read_text())
-    multi = sum(1 for q in _test_rows(tmp_path) if q["metadata"]["type"] != "single")
+    test_rows = _test_rows(tmp_path)
+    two_hop = [q["question"] for q in test_rows if q["metadata"]["type"] != "single"]
+    one_hop = [q["question"] for q in test_rows if q["metadata"]["type"] == "single"]
+    assert (
+        two_hop and one_hop
+    )  # the seeded world (seed 3, 40 entities) asks both kinds in its 4 test questions
     for when in ("before", "after"):
-        assert probe[when]["questions"] == multi == len(probe[when]["rows"])
-        if multi:
-            assert row[f"probe_{when}"] == pytest.approx(
-                sum(r["p_search"] for r in probe[when]["rows"]) / multi
-            )
+        rows = probe[when]["rows"]
+        search = [r for r in rows if r["side"] == "search"]
+        answer = [r for r in rows if r["side"] == "answer"]
+        assert [r["question"] for r in search] == two_hop and len(search) + len(answer) == len(rows)
+        assert answer and {r["question"] for r in answer} <= set(one_hop)
+        assert probe[when]["answer_side"]["left_out"] == len(one_hop) - len(answer)
+        p_search = sum(r["p_search"] for r in search) / len(search)
+        p_answer = sum(1 - r["p_search"] for r in answer) / len(answer)
+        assert row[f"probe_search_{when}"] == pytest.approx(p_search) == row[f"probe_{when}"]
+        assert row[f"probe_answer_{when}"] == pytest.approx(p_answer)
+        assert row[f"decision_{when}"] == pytest.approx((p_search + p_answer) / 2)
+    table = next(line for line in format_results(summary).splitlines() if line.split()[:2] == ["3", "search"])
+    for key in ("probe_search", "probe_answer", "decision"):
+        assert f"{row[key + '_before']:.2f} -> {row[key + '_after']:.2f}" in table
     assert len(runs["search"]["reward_curve"]) == 2
     # the control's searches, if any, returned nothing
     for line in (

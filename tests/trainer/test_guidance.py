@@ -5,6 +5,7 @@ gradient against a hand value, and a training step that mixes them into the grou
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import rlworld
 import torch
 
 from searchr1.algorithms.aggregation import AggNorms
+from searchr1.algorithms.config import AlgorithmConfig
 from searchr1.algorithms.policy_losses import shaped_off_policy_loss
 from searchr1.config import load_config
 from searchr1.data.prompts import wrap_information
@@ -20,8 +22,11 @@ from searchr1.retrieval.corpus import read_corpus
 from searchr1.rollout.config import RolloutConfig
 from searchr1.rollout.gold import GoldPath, GoldWriter, gold_path, sentence_naming, splice
 from searchr1.rollout.types import Role, Trajectory
+from searchr1.trainer.distributed import DistInfo
+from searchr1.trainer.experience import Experience
 from searchr1.trainer.guidance import Guidance, scheduled_share
 from searchr1.trainer.loop import RLTrainer
+from searchr1.trainer.update import MetricSums, UpdateSettings, _actor_loss, _Step
 
 BRIDGE = rlworld.BRIDGE
 
@@ -170,6 +175,70 @@ def test_policy_shaping_gradient_against_a_hand_value():
     assert float(loss) == pytest.approx(value, rel=1e-5)
 
 
+class FixedLogprobs(torch.nn.Module):
+    """An 'actor' whose log-probs are its parameter (so the gradient is d loss / d log pi)."""
+
+    def __init__(self, logprobs: torch.Tensor) -> None:
+        super().__init__()
+        self.theta = torch.nn.Parameter(logprobs.clone())
+
+    def forward(self, input_ids, attention_mask, *, target_mask, temperature, return_entropy=False):
+        return self.theta, torch.zeros_like(self.theta)
+
+
+def test_gold_rows_are_trained_by_policy_shaping_alone_never_by_the_ppo_loss():
+    """Row 0 fresh (advantage -1; the on-policy fast path: ratio 1), row 1 gold (advantage +1; the policy
+    gives its tokens 0.05, 0.5, 0.9), N = 5 trained tokens, token-mean: d loss / d log pi is -A / N on the
+    fresh row and -A w / N on the gold row, w = gamma pi / (pi + gamma)^2. A gold row also in the PPO loss
+    would get -A (1 + w) / N; a fresh row in the shaped loss, -A w / N."""
+    gamma = 0.1
+    probs = (0.05, 0.5, 0.9)
+    current = torch.tensor([[0.0, math.log(0.5), math.log(0.4), 0.0], [0.0, *map(math.log, probs)]])
+    mask = torch.tensor([[0, 1, 1, 0], [0, 1, 1, 1]], dtype=torch.bool)
+    mb = Experience(
+        input_ids=torch.ones(2, 4, dtype=torch.long),
+        attention_mask=torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]]),
+        train_mask=mask,
+        gen_mask=mask,
+        group_ids=[0, 0],
+        scores=torch.tensor([0.0, 1.0]),
+        seq_lens=torch.tensor([3, 4]),
+        advantages=torch.tensor([[0, -1.0, -1.0, 0], [0, 1.0, 1.0, 1.0]]),
+        extras={"gold": torch.tensor([False, True])},
+    )  # old_logprobs None: the on-policy fast path (trainer.on_policy_logprobs)
+    algo = AlgorithmConfig(clip_ratio_low=0.2, clip_ratio_high=0.2, use_kl_loss=False, loss_agg="token-mean")
+    actor = FixedLogprobs(current)
+    settings = UpdateSettings(1, 1, 2, 0, 1.0, 1.0, True, False, 0, shaping_gamma=gamma)
+    step = _Step(actor, None, None, None, algo, settings, DistInfo(), torch.device("cpu"), False, None)
+    sums = MetricSums()
+    loss = _actor_loss(actor, mb, step, AggNorms(num_tokens=5, num_seqs=2, seq_len=3), sums)
+    loss.backward()
+    w = [gamma * p / (p + gamma) ** 2 for p in probs]
+    expected = torch.tensor([[0, 0.2, 0.2, 0], [0, -w[0] / 5, -w[1] / 5, -w[2] / 5]])
+    assert torch.allclose(actor.theta.grad, expected, atol=1e-6)
+    # the loss: -A ratio = 1 on each fresh token, -A pi / (pi + gamma) on each gold token
+    assert loss.item() == pytest.approx((1 + 1 - sum(p / (p + gamma) for p in probs)) / 5, rel=1e-5)
+    metrics = sums.reduce(DistInfo(), torch.device("cpu"))
+    assert metrics["guidance/shaping_weight"] == pytest.approx(sum(w) / 3, rel=1e-5)
+
+
+@torch.no_grad()
+def shaping_weight_by_hand(model, traj: Trajectory, temperature: float, gamma: float) -> tuple[float, int]:
+    """Mean over a trajectory's generated tokens of w_t = gamma pi_t / (pi_t + gamma)^2, with pi_t from one
+    forward pass over prompt + response (log-softmax of logits / temperature, written out); and how many."""
+    ids = list(traj.prompt_ids) + list(traj.response_ids)
+    logits = model(input_ids=torch.tensor([ids])).logits[0].double() / temperature
+    start = len(traj.prompt_ids)
+    weights = []
+    for i, (token, role) in enumerate(zip(traj.response_ids, traj.roles, strict=True)):
+        if role != Role.GENERATED:
+            continue
+        row = logits[start + i - 1]
+        pi = math.exp(float(row[token] - torch.logsumexp(row, dim=0)))
+        weights.append(gamma * pi / (pi + gamma) ** 2)
+    return sum(weights) / len(weights), len(weights)
+
+
 def _trainer(world, model_dir, out: Path, **extra) -> RLTrainer:
     cfg = rlworld.load(world, model_dir, out, **{**rlworld.GUIDED_RUN, **extra})
     trainer = RLTrainer(cfg)
@@ -182,17 +251,26 @@ def test_a_training_step_mixes_gold_and_branched_rollouts_into_the_failed_group(
 ):
     trainer = _trainer(world, tiny_model_dir, tmp_path / "run", guidance__off_policy=1, guidance__branched=1,
                        guidance__share=1.0, guidance__decay_until=1.0)  # fmt: skip
-    seen = []
+    seen, hand_weights = [], []
+    gamma = trainer.cfg.guidance.shaping_gamma
+    assert trainer.cfg.trainer.ppo_epochs == 1
     real = trainer.make_experience
 
     def spied(trajs, groups, rewards=None, fresh=None):
         exp, metrics = real(trajs, groups, rewards, fresh)
         seen.append((list(trajs), exp))
+        gold_rows = [t for t in trajs if t.meta.get("guided") == "gold"]
+        # the policy before the update (one epoch, one mini-batch: the update's own forward pass sees it)
+        hand_weights.extend(
+            shaping_weight_by_hand(trainer.policy, t, trainer.cfg.rollout.temperature, gamma)
+            for t in gold_rows
+        )
         return exp, metrics
 
     trainer.make_experience = spied
     metrics = trainer.train_step()
     trajs, exp = seen[0]
+    weight, tokens = hand_weights[0]
     kinds = [t.meta.get("guided") for t in trajs]
     # group 0 (the bridge question, no success) gets one gold and one branched rollout; group 1 has no gold path
     assert kinds == [None, None, "gold", "branched", None, None, None, None]
@@ -208,7 +286,10 @@ def test_a_training_step_mixes_gold_and_branched_rollouts_into_the_failed_group(
         branched.turns <= 3 and len(branched.response_ids) <= 160
     )  # max_turns and the budget count the prefix
     assert metrics["guidance/gold"] == 1 and metrics["guidance/branched"] == 1
-    assert metrics["guidance/share"] == pytest.approx(2 / 8) and 0 < metrics["guidance/shaping_weight"] < 0.25
+    assert metrics["guidance/share"] == pytest.approx(2 / 8)
+    # w = gamma pi / (pi + gamma)^2 over the gold row's trained tokens, pi from the policy's own logits
+    assert tokens == int(exp.train_mask[2].sum()) and len(hand_weights) == 1
+    assert metrics["guidance/shaping_weight"] == pytest.approx(weight, rel=1e-4)
     # the group's outcome advantage is computed over the mixed group: the gold success above the rest
     assert exp.scores[2] == 1.0 and all(float(exp.scores[r]) < 1.0 for r in (0, 1))
     assert float(exp.advantages[2][exp.train_mask[2]].min()) > 0
@@ -247,24 +328,37 @@ def test_splice_joins_a_gold_prefix_and_its_continuation(tokenizer, bm25):
 
 def test_no_gold_text_reaches_what_the_policy_sees_at_validation(world, tiny_model_dir, tmp_path):
     """With guidance on, validation prompts the policy with the question alone: no hop-2 title, no answer,
-    no gold reasoning, and each validation rollout is the engine's own (nothing guided mixed in)."""
+    no gold reasoning, and each validation rollout is the engine's own (nothing guided mixed in). Its
+    metrics are per kind of question: the single-hop question answered right and the bridge question
+    wrong (the answers set by hand on the engine's rollouts) give 1, 0 and a mean of 1/2."""
+    single = {"id": "q0", "question": "where was Alice Verdan born", "golden_answers": ["Borvik"],
+              "metadata": {"data_source": "tiny"}}  # fmt: skip
     val = tmp_path / "val.jsonl"
-    val.write_text(json.dumps(BRIDGE) + "\n")
+    val.write_text(json.dumps(single) + "\n" + json.dumps(BRIDGE) + "\n")
     trainer = _trainer({**world, "val": val}, tiny_model_dir, tmp_path / "run", guidance__off_policy=1,
                        guidance__branched=1, guidance__share=1.0, trainer__val_every=1)  # fmt: skip
     prompts, outputs = [], []
     real = trainer.engine.generate
 
+    def answered(traj: Trajectory, answer: str) -> Trajectory:
+        ids = trainer.tokenizer.encode(f"<answer> {answer} </answer>", add_special_tokens=False)
+        return Trajectory(prompt_ids=traj.prompt_ids, response_ids=ids, roles=[int(Role.GENERATED)] * len(ids),
+                          logprobs=[0.0] * len(ids), turns=1, finish_reason="answer", meta=traj.meta)  # fmt: skip
+
     def spied(prompt_ids, metas, **kwargs):
         prompts.extend(prompt_ids)
         out = real(prompt_ids, metas, **kwargs)
         outputs.extend(out)
-        return out
+        return [
+            answered(t, "Borvik" if m["sample_index"] == 0 else "Ost")
+            for t, m in zip(out, metas, strict=True)
+        ]
 
     trainer.engine.generate = spied
     metrics = trainer.validate()
-    assert metrics["val/multi-hop/em"] == metrics["val/em"] and len(prompts) == 1
-    text = trainer.tokenizer.decode(prompts[0])
+    assert len(prompts) == 2
+    assert (metrics["val/single-hop/em"], metrics["val/multi-hop/em"], metrics["val/em"]) == (1.0, 0.0, 0.5)
+    text = trainer.tokenizer.decode(prompts[1])
     assert "Quillon Press" in text  # the question itself
     for gold in ("Alice Verdan", "Borvik", "I should search", "<information>"):
         assert gold not in text

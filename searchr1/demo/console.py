@@ -16,6 +16,7 @@ from searchr1.report import build_report
 RUN_LABELS = (
     ("search", ""),
     ("search disabled", "no_search_"),
+    ("RL alone", "rl_only_"),
     ("no guidance", "no_guidance_"),
     ("outcome-only", "outcome_only_"),
     ("zero-shot prompt", "zero_shot_"),
@@ -47,19 +48,11 @@ def format_results(summary: dict[str, Any]) -> str:
         for label, p in RUN_LABELS:
             if f"{p}em_before" not in r:
                 continue
-            get = lambda key: _number(r.get(p + key))  # noqa: B023, E731
-            single = f"{get('searches_single_before'):.2f} -> {get('searches_single_after'):.2f}"
-            multi = f"{get('searches_multi_before'):.2f} -> {get('searches_multi_after'):.2f}"
-            probe = " ".join(
-                f"{get(key + '_before'):.2f} -> {get(key + '_after'):.2f}".rjust(12)
-                for key in ("probe_search", "probe_answer", "decision")
-            )
-            lines.append(
-                f"{seed:>4}  {label:<16} {r[p + 'em_before']:>9.3f} {r[p + 'em_after']:>9.3f} "
-                f"{get('em_single_after'):>6.3f} {get('em_multi_after'):>6.3f} {single:>15} {multi:>14} "
-                f"{probe} {r.get(p + 'guided_share', 0.0):>6.2f} {r[p + 'valid_format_after']:>5.2f} "
-                f"{get('seconds') / 60:>5.1f}"
-            )
+            if f"{p}em_warm" in r:  # the recipe's warm start alone, then warm start + RL
+                warm = "warm start alone" if not p else f"{label}: warm only"
+                lines.append(_table_row(seed, warm, r, p, "warm"))
+                label = "warm start + RL" if label == "search" else f"{label} (+ warm start)"
+            lines.append(_table_row(seed, label, r, p, "after"))
     lines.append(
         "decision probe, after the first gold search and its passage: search side P(the next turn searches "
         "rather than answers) on the two-hop test questions, answer side P(it answers) on the one-hop ones "
@@ -67,6 +60,25 @@ def format_results(summary: dict[str, Any]) -> str:
         "the gold path"
     )
     return "\n".join(lines)
+
+
+def _table_row(seed: str, label: str, r: dict[str, Any], p: str, after: str) -> str:
+    """One line of ``format_results``: run ``p`` of a seed, "after" read from the ``_{after}`` keys (``after`` or
+    ``warm``: the policy of the warm start alone)."""
+    get = lambda key: _number(r.get(p + key))  # noqa: E731
+    single = f"{get('searches_single_before'):.2f} -> {get(f'searches_single_{after}'):.2f}"
+    multi = f"{get('searches_multi_before'):.2f} -> {get(f'searches_multi_{after}'):.2f}"
+    probe = " ".join(
+        f"{get(key + '_before'):.2f} -> {get(f'{key}_{after}'):.2f}".rjust(12)
+        for key in ("probe_search", "probe_answer", "decision")
+    )
+    guided = r.get(p + "guided_share", 0.0) if after == "after" else 0.0
+    minutes = get("seconds") / 60 if after == "after" else math.nan
+    return (
+        f"{seed:>4}  {label:<16} {r[p + 'em_before']:>9.3f} {get(f'em_{after}'):>9.3f} "
+        f"{get(f'em_single_{after}'):>6.3f} {get(f'em_multi_{after}'):>6.3f} {single:>15} {multi:>14} "
+        f"{probe} {guided:>6.2f} {get(f'valid_format_{after}'):>5.2f} {minutes:>5.1f}"
+    )
 
 
 def format_by_relation(summary: dict[str, Any]) -> str:
@@ -109,6 +121,12 @@ def _mean_lines(m: dict[str, Any], seeds: int) -> list[str]:
             f"searches/question {m['searches_before']:.2f} -> {m['searches_after']:.2f} "
             f"(multi-hop {m.get('searches_multi_after', math.nan):.2f})"
         )
+    if "em_warm" in m:
+        lines.append(
+            f"warm start alone:       EM {m['em_before']:.3f} -> {m['em_warm']:.3f} "
+            f"(gain {m['em_warm'] - m['em_before']:+.3f}); multi-hop EM {m.get('em_multi_warm', math.nan):.3f}; "
+            f"RL after it adds {m['em_after'] - m['em_warm']:+.3f}"
+        )
     probe = [
         f"{label} {m[f'{key}_before']:.3f} -> {m[f'{key}_after']:.3f}"
         for key, label in (
@@ -122,6 +140,7 @@ def _mean_lines(m: dict[str, Any], seeds: int) -> list[str]:
         lines.append(", ".join(probe))
     for prefix, label in (
         ("no_search_", "search disabled:       "),
+        ("rl_only_", "RL alone (no warm start):"),
         ("no_guidance_", "no-guidance ablation:  "),
         ("outcome_only_", "outcome-only ablation: "),
         ("zero_shot_", "zero-shot prompt:      "),

@@ -22,6 +22,9 @@ RUN_LABELS = (
     ("zero-shot prompt", "zero_shot_"),
 )
 
+WARM_LABELS = {"": ("warm start alone", "warm start + RL"), "no_search_": ("no search: warm", "search disabled")}
+"""The table's labels of a run with a warm start: its warm start alone, then the run after RL."""
+
 
 def _number(value: Any) -> float:
     return math.nan if value is None else float(value)
@@ -49,9 +52,8 @@ def format_results(summary: dict[str, Any]) -> str:
             if f"{p}em_before" not in r:
                 continue
             if f"{p}em_warm" in r:  # the recipe's warm start alone, then warm start + RL
-                warm = "warm start alone" if not p else f"{label}: warm only"
+                warm, label = WARM_LABELS.get(p, (f"{label}: warm", label))
                 lines.append(_table_row(seed, warm, r, p, "warm"))
-                label = "warm start + RL" if label == "search" else f"{label} (+ warm start)"
             lines.append(_table_row(seed, label, r, p, "after"))
     lines.append(
         "decision probe, after the first gold search and its passage: search side P(the next turn searches "

@@ -75,39 +75,83 @@ def decision_point(turn_ids: Sequence[int], tokenizer: Any) -> Decision:
     return Decision(ids, "", tag)  # not reached: the tag starts inside the decoded text
 
 
-@torch.no_grad()
-def sequence_logprob(model: Any, context: Sequence[int], continuation: Sequence[int]) -> float:
-    """log P(continuation | context) under ``model`` (one forward pass, temperature 1)."""
-    device = next(model.parameters()).device
-    ids = torch.tensor([list(context) + list(continuation)], device=device)
-    logits = model(input_ids=ids).logits[0, len(context) - 1 : -1].float()
-    logp = torch.log_softmax(logits, dim=-1)
-    return float(logp.gather(-1, torch.tensor(continuation, device=device)[:, None]).sum())
+class ContextCache:
+    """The policy's KV cache over a context, grown and cut back in place: the probe runs the prompt prefix
+    every question shares once, then per question only what follows it (``cut`` returns to any length)."""
+
+    def __init__(self, model: Any) -> None:
+        from transformers import DynamicCache
+
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.cache = DynamicCache()
+        self.ids: list[int] = []
+
+    @torch.no_grad()
+    def extend(self, ids: Sequence[int]) -> torch.Tensor:
+        """Run ``ids`` after the cached context; returns their logits ``[len(ids), V]`` in float32 (row j
+        predicts the token after ``ids[j]``)."""
+        x = torch.tensor([list(ids)], device=self.device)
+        positions = torch.arange(self.length, self.length + len(ids), device=self.device)
+        out = self.model(input_ids=x, past_key_values=self.cache, use_cache=True, cache_position=positions)
+        self.ids.extend(int(i) for i in ids)
+        return out.logits[0].float()
+
+    @property
+    def length(self) -> int:
+        return len(self.ids)
+
+    def cut(self, length: int) -> None:
+        """Forget every cached position from ``length`` on."""
+        if length < self.length:
+            self.cache.crop(length - self.length)  # negative: remove that many (every transformers 4.4x-5.x)
+            del self.ids[length:]
+
+    def keep_prefix_of(self, context: Sequence[int]) -> None:
+        """Cut the cache back to the longest prefix it shares with ``context``."""
+        n = next((i for i, (a, b) in enumerate(zip(self.ids, context, strict=False)) if a != b), None)
+        self.cut(min(self.length, len(context) - 1) if n is None else n)
+
+
+def continuation_logprob(cache: ContextCache, first: torch.Tensor, continuation: Sequence[int]) -> float:
+    """log P(continuation | context) where ``first`` holds the logits that predict the token after the cached
+    context (the cache is grown by ``continuation[:-1]``)."""
+    logp = torch.log_softmax(first, dim=-1)[continuation[0]]
+    if len(continuation) > 1:
+        rest = torch.log_softmax(cache.extend(continuation[:-1]), dim=-1)
+        logp = logp + rest.gather(-1, torch.tensor(continuation[1:], device=rest.device)[:, None]).sum()
+    return float(logp)
 
 
 @torch.no_grad()
-def greedy_turn(model: Any, context: Sequence[int], max_tokens: int, eos_ids: set[int]) -> list[int]:
-    """The policy's greedy continuation of ``context``, ``max_tokens`` tokens at most (ends at EOS)."""
-    device = next(model.parameters()).device
-    ids = torch.tensor([list(context)], device=device)
-    eos = sorted(eos_ids)
-    out = model.generate(
-        input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False,
-        eos_token_id=eos or None, pad_token_id=eos[0] if eos else 0,
-    )  # fmt: skip
-    return [int(t) for t in out[0, ids.shape[1] :]]
-
-
-def probe_question(model: Any, tokenizer: Any, context: list[int], max_tokens: int) -> dict[str, Any]:
-    """``p_search`` of one teacher-forced context (prompt + gold prefix)."""
+def probe_question(
+    model: Any, tokenizer: Any, context: list[int], max_tokens: int, cache: ContextCache | None = None
+) -> dict[str, Any]:
+    """``p_search`` of one teacher-forced context (prompt + gold prefix): the greedy turn decoded token by
+    token, then log P(S) and log P(A) at its decision point, all on one KV cache (``cache``: one that already
+    holds a prefix of ``context``; it is cut back to that prefix afterwards)."""
+    cache = cache or ContextCache(model)
+    shared = cache.length
+    if context[:shared] != cache.ids or shared >= len(context):
+        raise ValueError("probe_question: the cache must hold a proper prefix of the context")
     eos = {tokenizer.eos_token_id} - {None}
-    turn = greedy_turn(model, context, max_tokens, eos)
+    predicts = [cache.extend(context[shared:])[-1]]  # predicts[j]: the logits of the turn's token j
+    turn: list[int] = []
+    for _ in range(max_tokens):
+        token = int(predicts[-1].argmax())
+        if token in eos:
+            break
+        turn.append(token)
+        predicts.append(cache.extend([token])[-1])
     decision = decision_point(turn, tokenizer)
-    at = context + decision.ids
+    at = len(context) + len(decision.ids)
     encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
-    log_search = sequence_logprob(model, at, encode(decision.lead + SEARCH_OPEN))
-    log_answer = sequence_logprob(model, at, encode(decision.lead + ANSWER_OPEN))
-    p_search = float(torch.sigmoid(torch.tensor(log_search - log_answer)))
+    logs = []
+    for tag in (SEARCH_OPEN, ANSWER_OPEN):
+        cache.cut(at)
+        logs.append(continuation_logprob(cache, predicts[len(decision.ids)], encode(decision.lead + tag)))
+    cache.cut(shared)
+    p_search = float(torch.sigmoid(torch.tensor(logs[0] - logs[1])))
     return {"p_search": p_search, "opened": decision.tag, "turn": tokenizer.decode(turn)}
 
 
@@ -134,6 +178,7 @@ def decision_probe(
     model.eval()
     rows = []
     left_out = 0
+    cache: ContextCache | None = None
     try:
         for sample in samples:
             path = gold_path(sample)
@@ -146,7 +191,11 @@ def decision_probe(
                 continue
             prompt = tokenizer(sample_prompt(sample, template, tokenizer), add_special_tokens=False)
             context = list(prompt["input_ids"]) + prefix.turn_ids + prefix.obs_ids
-            row = probe_question(model, tokenizer, context, int(writer.config.max_turn_tokens))
+            if cache is None:  # the template's prefix every prompt shares, run once
+                cache = ContextCache(model)
+                cache.extend(context[: max(1, shared_prefix(samples, template, tokenizer))])
+            cache.keep_prefix_of(context)  # a prompt of its own (stored messages): less is shared
+            row = probe_question(model, tokenizer, context, int(writer.config.max_turn_tokens), cache)
             p = row["p_search"] if side == SEARCH_SIDE else 1.0 - row["p_search"]
             rows.append({"side": side, "question": _question(sample), "queries": list(path.queries),
                          "p": p, **row})  # fmt: skip
@@ -165,6 +214,16 @@ def decision_probe(
         "second_search_p": search["p"],
         "rows": rows,
     }
+
+
+def shared_prefix(samples: Sequence[Any], template: str, tokenizer: Any) -> int:
+    """Tokens every sample's prompt starts with (the template before the question), minus one."""
+    prompts = [tokenizer(sample_prompt(s, template, tokenizer), add_special_tokens=False)["input_ids"]
+               for s in samples[:2]] + [tokenizer(sample_prompt({"question": "x"}, template, tokenizer),
+                                                  add_special_tokens=False)["input_ids"]]  # fmt: skip
+    n = min(len(p) for p in prompts)
+    same = next((i for i in range(n) if len({p[i] for p in prompts}) > 1), n)
+    return max(0, same - 1)
 
 
 def _side_summary(rows: list[dict[str, Any]], right_tag: str) -> dict[str, Any]:

@@ -18,6 +18,9 @@ TINY_RL = [
     "trainer.mini_batch_size=2",
     "rollout.n=3",  # the recipe's guidance takes two places of a failed group
     "trainer.progress_bar=false",
+    "warmstart.epochs=1",  # the warm start alone, then RL from it
+    "warmstart.max_examples=4",
+    "warmstart.batch_size=2",
 ]
 
 
@@ -58,6 +61,7 @@ def tiny_settings(model_dir, hotpotqa_folder) -> DemoSettings:
         world={"num_entities": 40},
         outcome_only=False,  # the ablations' runs: test_demo_command.py
         no_guidance=False,
+        rl_only=False,
     )
 
 
@@ -103,10 +107,10 @@ def test_tiny_run_writes_the_summary_with_both_runs(tiny_demo, tiny_model_dir):
         nq_records = (tmp_path / "seed_3" / "search" / "eval_nq_after" / "trajectories.jsonl").read_text()
         questions = (nq_folder / "nq_test_sample.jsonl").read_text().split("\n")
         assert len(nq_records.splitlines()) == sum(1 for q in questions if q.strip())
-        assert set(runs["search"]["nq"]) == {"before", "after"} and "nq" not in runs["no_search"]
+        assert set(runs["search"]["nq"]) == {"before", "warm", "after"} and "nq" not in runs["no_search"]
     # the transfer row: the HotpotQA questions before and after, searching their own paragraphs
     hotpot = runs["search"]["hotpotqa"]
-    for when in ("before", "after"):
+    for when in ("before", "warm", "after"):
         recs = [json.loads(x) for x in (tmp_path / "seed_3" / "search" / f"eval_hotpotqa_{when}" /
                 "trajectories.jsonl").read_text().splitlines()]  # fmt: skip
         assert sorted(r["id"] for r in recs) == ["h1", "h2"]
@@ -135,10 +139,19 @@ def test_tiny_run_writes_the_summary_with_both_runs(tiny_demo, tiny_model_dir):
         assert row[f"probe_search_{when}"] == pytest.approx(p_search) == row[f"probe_{when}"]
         assert row[f"probe_answer_{when}"] == pytest.approx(p_answer)
         assert row[f"decision_{when}"] == pytest.approx((p_search + p_answer) / 2)
-    table = next(line for line in format_results(summary).splitlines() if line.split()[:2] == ["3", "search"])
+    table = next(line for line in format_results(summary).splitlines() if "warm start + RL" in line)
     for key in ("probe_search", "probe_answer", "decision"):
         assert f"{row[key + '_before']:.2f} -> {row[key + '_after']:.2f}" in table
     assert len(runs["search"]["reward_curve"]) == 2
+    # the warm start alone, evaluated between the starting model and RL, and RL started from its policy
+    warm_recs = [json.loads(x) for x in (tmp_path / "seed_3" / "search" / "eval_warm" /
+                 "trajectories.jsonl").read_text().splitlines()]  # fmt: skip
+    assert len(warm_recs) == 4 and row["em_warm"] == runs["search"]["warm"]["em"]
+    assert runs["search"]["warm"]["em"] == pytest.approx(sum(r["scores"]["em"] for r in warm_recs) / 4)
+    assert runs["search"]["warm_start"]["examples"] == 4 and runs["search"]["warm_start"]["done"]
+    rl_config = (tmp_path / "seed_3" / "search" / "config.yaml").read_text()
+    assert str(tmp_path / "seed_3" / "search" / "warmstart" / "model") in rl_config
+    assert "warm start alone" in format_results(summary) and "warm start + RL" in format_results(summary)
     # the control's searches, if any, returned nothing
     for line in (
         (tmp_path / "seed_3" / "no_search" / "eval_after" / "trajectories.jsonl").read_text().splitlines()

@@ -120,9 +120,9 @@ def test_each_question_is_probed_on_its_side_after_its_own_gold_prefix(
     contexts = []
     real = probe.probe_question
 
-    def spied(model, tokenizer, context, max_tokens):
+    def spied(model, tokenizer, context, max_tokens, cache=None):
         contexts.append(list(context))
-        return real(model, tokenizer, context, max_tokens)
+        return real(model, tokenizer, context, max_tokens, cache)
 
     monkeypatch.setattr(probe, "probe_question", spied)
     out = decision_probe(model, tiny_tokenizer, [no_path, one_hop, no_answer, two_hop], str(template), writer)

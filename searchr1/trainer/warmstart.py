@@ -42,8 +42,15 @@ import torch
 
 from searchr1.data.formats import load_samples, sample_kind, sample_meta, sample_prompt
 from searchr1.data.prompts import resolve_template
+from searchr1.models import load_model, load_tokenizer
+from searchr1.precision import autocast
 from searchr1.rollout.gold import GOLD_PATH_KEYS, GoldWriter, gold_path
 from searchr1.rollout.types import Trajectory
+from searchr1.trainer import components
+from searchr1.trainer.distributed import resolve_device
+from searchr1.trainer.experience import build_experience, micro_batches
+from searchr1.trainer.policy import PolicyLogprobs
+from searchr1.trainer.tracking import ProgressBar
 
 STATE_FILE = "state.pt"
 SUMMARY_FILE = "warmstart.json"
@@ -153,8 +160,6 @@ class WarmStart:
         device: torch.device | None = None,
         log: Callable[[str], None] = lambda line: print(line, file=sys.stderr),
     ) -> None:
-        from searchr1.trainer.policy import PolicyLogprobs
-
         self.cfg = cfg
         self.wcfg = cfg.warmstart
         self.policy = policy
@@ -207,9 +212,6 @@ class WarmStart:
 
     def train_step(self, rows: list[int]) -> float:
         """One optimizer step on the examples ``rows``; returns the step's loss."""
-        from searchr1.precision import autocast
-        from searchr1.trainer.experience import build_experience, micro_batches
-
         trajs = [self.examples.trajectories[i] for i in rows]
         pad = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
         exp = build_experience(trajs, [0.0] * len(trajs), list(range(len(trajs))), pad)
@@ -245,8 +247,6 @@ class WarmStart:
     def run(self, progress: bool = True, stop_after: int | None = None) -> None:
         """Train from the current step to the end (``stop_after``: that many steps at most, for tests of
         an interrupted stage), checkpointing every ``warmstart.save_every`` steps and at the end."""
-        from searchr1.trainer.tracking import ProgressBar
-
         self.out_dir.mkdir(parents=True, exist_ok=True)
         bar = ProgressBar(len(self.steps), initial=self.step, enabled=progress, label="warm start")
         done = 0
@@ -305,8 +305,6 @@ def run_warm_start(
 ) -> WarmStartResult:
     """The warm start of ``cfg`` (``warmstart.*``), resumed where a checkpoint is found; a finished one is
     returned as it is. Pieces may be injected as in ``RLTrainer``; the rest is built from ``cfg``."""
-    from searchr1.trainer import components
-
     out = warm_start_dir(cfg)
     summary_path = out / SUMMARY_FILE
     if summary_path.is_file() and (out / MODEL_DIR).is_dir():
@@ -324,8 +322,6 @@ def run_warm_start(
         if model is None:
             components.prepare_files(cfg, world=False, model=True)
     if tokenizer is None:
-        from searchr1.models import load_tokenizer
-
         tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.path)
     if retriever is None:
         retriever = components._retriever(cfg, corpus)
@@ -342,13 +338,9 @@ def run_warm_start(
     )
     torch.manual_seed(cfg.seed)
     if model is None:
-        from searchr1.models import load_model
-
         model = load_model(cfg.model.path, dtype=cfg.model.dtype)
     policy = components._apply_lora(model, cfg.model, resume_from=None)
-    device = torch.device(
-        "cuda" if cfg.trainer.device in ("cuda", "auto") and torch.cuda.is_available() else "cpu"
-    )
+    device = resolve_device(cfg.trainer.device)
     policy.to(device)
     stage = WarmStart(cfg, policy, tokenizer, examples, out, device=device, log=log)
     stage.resume()

@@ -20,6 +20,13 @@ it that way: ``tests/test_gpu_check.py``).
 7. one guided step of the trainer itself on the device (``RLTrainer.train_step``, tiny world): a gold and a
    branched rollout mixed into the failed group, step credit per search position, policy shaping of the
    gold tokens; every metric finite, the adapter moved.
+8. CUDA graphs (``rollout.cuda_graphs``, ``searchr1.rollout.static_decode``): the slot decoder's graph-replayed
+   decode steps against its eager ones in float32 (the same greedy tokens, logits within ``LOGIT_TOLERANCE``;
+   waiting slots, a compaction), and the decode step time of both at 64 rows;
+9. the engine with graphs on against off (float32 greedy, scripted searches: the same token ids), then one
+   GRPO step in bfloat16 with graphs on.
+
+On a GPU parts 3, 5 and 7 decode with graphs too (``rollout.cuda_graphs=auto``).
 """
 
 from __future__ import annotations
@@ -34,7 +41,12 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "rollout"), str(ROOT / "tests" / "trainer")]
+sys.path[:0] = [
+    str(ROOT),
+    str(ROOT / "tests"),
+    str(ROOT / "tests" / "rollout"),
+    str(ROOT / "tests" / "trainer"),
+]
 
 import torch  # noqa: E402
 
@@ -117,14 +129,16 @@ def scripted_batch(tok: Any, n: int, seed: int = 0) -> tuple[list[list[int]], li
     return prompts, metas
 
 
-def engine(policy: Any, tok: Any, dtype: str) -> Any:
+def engine(policy: Any, tok: Any, dtype: str, cuda_graphs: str = "auto") -> Any:
     from rollout_doubles import ScriptedRetriever
     from scripted_turns import ScriptedTurns
 
     from searchr1.rollout.config import RolloutConfig
     from searchr1.rollout.hf import HFRolloutEngine
 
-    config = RolloutConfig(dtype=dtype, max_turn_tokens=40, max_batch_rows=32, temperature=1.0)
+    config = RolloutConfig(
+        dtype=dtype, max_turn_tokens=40, max_batch_rows=32, temperature=1.0, cuda_graphs=cuda_graphs
+    )
     return HFRolloutEngine(policy, tok, ScriptedRetriever(), config, topk=2, steer=ScriptedTurns(tok))
 
 
@@ -213,6 +227,11 @@ def fused_decoder() -> str:
 
 @part("one GRPO step (bfloat16)")
 def grpo_step() -> str:
+    return _grpo_step("auto")
+
+
+def _grpo_step(cuda_graphs: str) -> str:
+    """Rollout (``rollout.cuda_graphs``), group advantages, PPO loss through the fused decoder, backward, step."""
     from searchr1.algorithms.advantages import grpo
     from searchr1.algorithms.config import AlgorithmConfig
     from searchr1.algorithms.policy_losses import compute_policy_loss
@@ -229,8 +248,11 @@ def grpo_step() -> str:
     before = {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}
     t0 = time.perf_counter()
     dtype = "bfloat16" if bf16_ok(dev) else "model"
-    with engine(policy, tok, dtype) as eng:
+    with engine(policy, tok, dtype, cuda_graphs) as eng:
         trajs = eng.generate(prompts, metas, seed=5)
+        stats = dict(eng.last_stats)
+    if cuda_graphs == "on":
+        assert stats.get("graph_captures", 0) > 0 and stats.get("static_steps", 0) > 0, stats
     rows = [t.prompt_ids + t.response_ids for t in trajs]
     width = max(map(len, rows))
     ids = torch.zeros(len(rows), width, dtype=torch.long)
@@ -263,7 +285,104 @@ def grpo_step() -> str:
         float((p.detach() - before[n]).abs().max()) for n, p in policy.named_parameters() if n in before
     )
     assert torch.isfinite(loss) and moved > 0, "the step did not move the adapter"
-    return f"16 trajectories, loss {float(loss):+.4f}, adapter moved by {moved:.1e}, step {seconds:.2f} s"
+    graphs = (f", {stats['static_steps']:.0f} graph decode steps, {stats['graph_captures']:.0f} captures"
+              if "graph_captures" in stats else "")  # fmt: skip
+    return f"16 trajectories, loss {float(loss):+.4f}, adapter moved by {moved:.1e}, step {seconds:.2f} s{graphs}"
+
+
+@part("CUDA graph decode (float32) vs eager decode", needs_cuda=True)
+def graph_decode() -> str:
+    """The slot decoder's graph-replayed steps against its eager steps on the device: the same greedy tokens
+    and logits within LOGIT_TOLERANCE (float32), slots waiting, a compaction; then decode step times of both
+    at 64 rows (the tiny model: launch-bound, which is what graphs remove)."""
+    from searchr1.modeling import merged_weights_for
+    from searchr1.rollout.slots import SlotBatch
+
+    model, tok = tiny()
+    prompts, _ = scripted_batch(tok, 12)
+    head = tok.encode("<think> search </think> where was Alice Verdan born? " * 3, add_special_tokens=False)
+    prompts = [head + p for p in prompts]
+    weights = merged_weights_for(model)
+    eager = SlotBatch(weights, 12, torch.float32, prompts)
+    graphs = SlotBatch(weights, 12, torch.float32, prompts, stream_tokens=len(max(prompts, key=len)) + 64,
+                       decode="graphs")  # fmt: skip
+    last = {}
+    for batch in (eager, graphs):
+        for s in range(12):
+            batch.reset_slot(s)
+        logits = batch.step({s: p[batch.n_real[s] :] for s, p in enumerate(prompts)})
+        last = {s: int(t) for s, t in enumerate(logits.argmax(-1).tolist())}
+    worst, steps = 0.0, 0
+    for step in range(24):
+        slots = [s for s in range(12) if (s + step) % 4]  # some slots wait a step
+        if step == 12:
+            keep = list(range(0, 12, 2))  # half the streams finish; the rest move to the front
+            eager.compact(keep)
+            graphs.compact(keep)
+            last = {i: last[s] for i, s in enumerate(keep)}
+        slots = [s for s in slots if s < eager.n_slots]
+        feeds = {s: [last[s]] for s in slots}
+        want, got = eager.step(feeds), graphs.step(feeds)
+        worst = max(worst, float((want - got).abs().max()))
+        tokens = got.argmax(-1).tolist()
+        if tokens != want.argmax(-1).tolist():
+            raise AssertionError(f"step {step}: graph decode chose other greedy tokens than eager decode")
+        last.update(zip(slots, tokens, strict=True))
+        steps += 1
+    static = graphs.static
+    assert static is not None and static.static_steps == steps and static.captures >= 2, vars(static)
+    if worst > LOGIT_TOLERANCE:
+        raise AssertionError(f"max |logit difference| {worst:.2e} > {LOGIT_TOLERANCE}")
+    timing = decode_step_times(model, tok)
+    return (f"{steps} steps, {static.captures} captures, max |logit difference| {worst:.1e}; decode step at 64 "
+            f"rows: eager {timing['eager']:.2f} ms, graphs {timing['graphs']:.2f} ms")  # fmt: skip
+
+
+def decode_step_times(model: Any, tok: Any, rows: int = 64, steps: int = 50) -> dict[str, float]:
+    """Milliseconds per decode step of ``rows`` slots, eager and graph-replayed (float32, after warm-up)."""
+    from searchr1.modeling import merged_weights_for
+    from searchr1.rollout.slots import SlotBatch
+
+    prompts, _ = scripted_batch(tok, rows)
+    out = {}
+    for mode in ("eager", "graphs"):
+        batch = SlotBatch(
+            merged_weights_for(model), rows, torch.float32, prompts, stream_tokens=160, decode=mode
+        )
+        for s in range(rows):
+            batch.reset_slot(s)
+        batch.step({s: p[batch.n_real[s] :] for s, p in enumerate(prompts)})
+        feeds = {s: [5] for s in range(rows)}
+        for _ in range(3):
+            batch.step(feeds)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            batch.step(feeds)
+        torch.cuda.synchronize()
+        out[mode] = (time.perf_counter() - t0) / steps * 1e3
+    return out
+
+
+@part("one GRPO step with CUDA graphs (rollout.cuda_graphs=on)", needs_cuda=True)
+def grpo_step_graphs() -> str:
+    """The engine with graphs on against graphs off (float32, greedy, scripted searches: the same token ids),
+    then one GRPO step in bfloat16 with graphs on."""
+    from searchr1.rollout.sampling import SamplingParams
+
+    model, tok = tiny()
+    prompts, metas = scripted_batch(tok, 20, seed=7)
+    runs = {}
+    for mode in ("on", "off"):
+        with engine(model, tok, "float32", mode) as eng:
+            runs[mode] = [
+                t.response_ids for t in eng.generate(prompts, metas, sampling=SamplingParams(greedy=True))
+            ]
+            if mode == "on":
+                captures = eng.last_stats["graph_captures"]
+    if runs["on"] != runs["off"]:
+        raise AssertionError("the engine with CUDA graphs generated other greedy tokens than without")
+    return f"greedy rollouts equal with and without graphs ({captures:.0f} captures); {_grpo_step('on')}"
 
 
 @part("FSDP2 in one process (NCCL on the GPU, gloo on the CPU)")
@@ -338,7 +457,9 @@ def guided_trainer_step() -> str:
 
 def main() -> int:
     torch.manual_seed(0)
-    for check in (environment, slot_decoder, rollout, fused_decoder, grpo_step, guided_trainer_step, fsdp2):
+    checks = (environment, slot_decoder, rollout, fused_decoder, grpo_step, guided_trainer_step, fsdp2, graph_decode,
+              grpo_step_graphs)  # fmt: skip
+    for check in checks:
         check()
     print(f"gpu-check: {'FAILED: ' + ', '.join(failures) if failures else 'all parts passed or skipped'}")
     return 1 if failures else 0

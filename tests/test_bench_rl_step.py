@@ -80,3 +80,70 @@ def test_the_matmul_peak_is_the_median_of_its_probes_with_their_spread():
     assert summary["bf16"] == 421.0 and summary["fp32"] == 190.0
     assert (summary["bf16_min"], summary["bf16_max"]) == (400.0, 937.0)
     assert summary["probes"] == probes
+
+
+# -- --device cuda (searchr1/bench/_gpu_step.py) -------------------------------------------------------------
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_device_cuda_without_cuda_is_refused_in_one_line(capsys):
+    from searchr1.cli import main
+
+    assert main(["bench", "rl-step", "--device", "cuda", "--out-dir", "/nonexistent/never-written"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [err[0]] and err[0].startswith("error: bench rl-step --device cuda: no CUDA device")
+
+
+def test_share_of_peak_and_the_cards_peaks():
+    from searchr1.bench import _gpu_step as gpu
+
+    # LoRA: 4 x params x positions; 1e9 params x 1e4 positions in 1 s on a 989 TFLOP/s card
+    assert gpu.update_share_of_peak(10**9, 10**4, 1.0, True, 989.0) == pytest.approx(100 * 4e13 / 989e12)
+    assert gpu.update_share_of_peak(10**9, 10**4, 2.0, False, 989.0) == pytest.approx(100 * 3e13 / 989e12)
+    assert gpu.update_share_of_peak(10**9, 10**4, 1.0, True, None) is None
+    names = ["NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA H100 NVL", "NVIDIA H200", "Tesla T4"]
+    assert [gpu.card_peak_tflops(n) for n in names] == [989.0, 756.0, 835.0, 989.0, None]
+
+
+def test_the_bench_tokenizer_gives_the_prompt_ids_back():
+    from searchr1.bench import _gpu_step as gpu
+
+    work = gpu.Workload(questions=3, samples=2, prompt_tokens=20, shared_tokens=12)
+    prompts = gpu.prompt_ids(work, 151936)
+    assert len(prompts) == 6 and prompts[0] == prompts[1] and prompts[0] != prompts[2]
+    assert all(p[:12] == prompts[0][:12] and len(p) == 20 and min(p) >= 2 for p in prompts)
+    tok = gpu.bench_tokenizer(151936)
+    for p in prompts[::2]:
+        text = " ".join(f"t{i}" for i in p)
+        assert tok(text, add_special_tokens=False)["input_ids"] == p and tok.decode(p) == text
+
+
+def test_update_params_count_the_decoder_and_a_tied_head_once():
+    from searchr1.bench import _gpu_step as gpu
+
+    model = gpu.build_model("tiny", "cpu", seed=0)
+    embed = model.get_input_embeddings().weight
+    assert model.get_output_embeddings().weight is embed  # tied, as both shapes
+    total = sum(p.numel() for p in model.parameters())  # the tied matrix once
+    assert gpu.update_params(model) == total
+
+
+def test_ours_and_trl_generate_the_same_number_of_tokens(monkeypatch):
+    """The TRL row's measured completions match ours: both exactly ``generated_tokens(work)`` (tiny shape, CPU)."""
+    pytest.importorskip("trl")
+    from searchr1.bench import _gpu_step as gpu
+    from searchr1.trainer import fused_decoder, logprobs
+
+    for module, name in ((logprobs, "final_hidden_states"), (logprobs, "weight_head_logprobs"),
+                         (fused_decoder, "weight_head_logprobs"), (fused_decoder.FusedDecoder, "hidden")):  # fmt: skip
+        monkeypatch.setattr(module, name, getattr(module, name))  # the counter's wrappers are undone after
+    torch.set_num_threads(1)
+    work = gpu.Workload(
+        questions=2, samples=2, prompt_tokens=24, shared_tokens=16, gen_tokens=5, micro_batch=2
+    )
+    assert gpu.trl_generation_settings(work)["max_completion_length"] == work.gen_tokens
+    ours = gpu.run_ours_row("tiny", work, "cpu", graphs=False)
+    trl = gpu.run_trl_row("tiny", work, "cpu")
+    assert ours["generated_tokens"] == trl["generated_tokens"] == gpu.generated_tokens(work) == 20
+    assert ours["decode"] == "eager" and ours["update_%peak"] is None  # no card, no share
+    assert 16 + 4 * (24 + 5 - 16) <= ours["update_positions"] < 4 * (24 + 5)  # the shared prefix once

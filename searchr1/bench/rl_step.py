@@ -38,6 +38,10 @@ cores this process may run on):
 ``fast+competitor``): its step time over the ``fast`` row's alone is ``contention_slowdown`` (target <=
 2.5). No row uses ``torch.compile`` (so there is no compile time to report).
 
+``--device cuda``: one GPU instead, ours (with and without CUDA graphs) against TRL at SmolLM2-135M's and
+Qwen2.5-3B's shapes with random weights and fixed generation lengths; JSON ``rl_step_gpu.json``
+(``searchr1.bench._gpu_step``; refused in one line, exit 2, without CUDA).
+
 Per row: the phases' wall time (rollout, old/reference log-probs, update), the tokens of the step,
 tokens per second, the update's executed FLOP/s (decoder positions actually computed x 2 x parameters,
 plus the LM head rows; the backward pass counted as 2 forwards with full fine-tuning and 1 with LoRA)
@@ -51,6 +55,7 @@ Targets (issue 36): headline >= 8, fast >= 5x TRL, generation >= 450 tokens/s at
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import resource
@@ -60,10 +65,12 @@ import sys
 import time
 from typing import Any
 
-from searchr1.bench import BenchResult
+from searchr1.bench import BenchResult, _gpu_step
+from searchr1.bench._counter import ComputeCounter
 from searchr1.config import load_config
 from searchr1.data.prompts import prompt_messages
 from searchr1.data.synth import SynthConfig, generate_world
+from searchr1.errors import UserFacingError
 from searchr1.rewards.text import extract_answer, f1_score
 
 QUESTIONS, SAMPLES, QUICK_QUESTIONS = 8, 8, 1
@@ -102,7 +109,39 @@ PATHS: dict[str, list[str]] = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--rows", nargs="+", choices=ROWS, default=None, help="rows to run (default: all)")
+    parser.add_argument(
+        "--rows",
+        nargs="+",
+        choices=[*ROWS, *(r for r in _gpu_step.GPU_ROWS if r not in ROWS)],
+        default=None,
+        help=f"rows to run (default: all; with --device cuda: {', '.join(_gpu_step.GPU_ROWS)})",
+    )
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cpu: the CPU rows on SmolLM2-135M; cuda: one GPU, ours against TRL at two shapes with random "
+        "weights (searchr1/bench/_gpu_step.py)",
+    )
+    parser.add_argument(
+        "--shapes",
+        nargs="+",
+        choices=_gpu_step.GPU_SHAPES,
+        default=None,
+        help="with --device cuda: model shapes (default: all)",
+    )
+    parser.add_argument(
+        "--gen-tokens",
+        type=int,
+        default=None,
+        help=f"with --device cuda: tokens generated per trajectory (default {_gpu_step.Workload.gen_tokens})",
+    )
+    parser.add_argument(
+        "--row-timeout",
+        type=float,
+        default=None,
+        help="with --device cuda: seconds one row's process may take (default: no limit)",
+    )
     parser.add_argument(
         "--questions", type=int, default=None, help=f"questions per step (default {QUESTIONS})"
     )
@@ -186,47 +225,6 @@ def peak_summary(probes: list[dict[str, float]]) -> dict[str, Any]:
 
 
 # -- the searchr1 rows ----------------------------------------------------------------------------------------
-
-
-class ComputeCounter:
-    """Decoder positions and LM-head rows actually computed, apart for the update (gradients on) and the
-    log-prob passes (no gradients): wraps the trainer's decoder and LM-head functions (the Hugging Face
-    path's ``final_hidden_states``, the fused decoder's ``hidden``, and ``weight_head_logprobs``)."""
-
-    def __init__(self) -> None:
-        self.counts = {"update": [0, 0], "logprobs": [0, 0]}
-
-    def install(self) -> None:
-        import torch
-
-        from searchr1.trainer import fused_decoder, logprobs
-
-        hidden, head = logprobs.final_hidden_states, logprobs.weight_head_logprobs
-        fused_hidden = fused_decoder.FusedDecoder.hidden
-
-        def phase() -> list[int]:
-            return self.counts["update" if torch.is_grad_enabled() else "logprobs"]
-
-        def counted_hidden(model: Any, input_ids: Any, *args: Any, shared_prefix: int = 0, **kw: Any) -> Any:
-            b, t = input_ids.shape
-            phase()[0] += shared_prefix + b * (t - shared_prefix)
-            return hidden(model, input_ids, *args, shared_prefix=shared_prefix, **kw)
-
-        def counted_fused(decoder: Any, input_ids: Any, *args: Any, **kw: Any) -> Any:
-            phase()[0] += int(input_ids.numel())
-            return fused_hidden(decoder, input_ids, *args, **kw)
-
-        def counted_head(rows: Any, *args: Any, **kw: Any) -> Any:
-            phase()[1] += int(rows.shape[0])
-            return head(rows, *args, **kw)
-
-        logprobs.final_hidden_states = counted_hidden
-        logprobs.weight_head_logprobs = counted_head
-        fused_decoder.weight_head_logprobs = counted_head
-        fused_decoder.FusedDecoder.hidden = counted_fused  # type: ignore[method-assign]
-
-    def reset(self) -> None:
-        self.counts = {"update": [0, 0], "logprobs": [0, 0]}
 
 
 def run_searchr1_row(
@@ -408,6 +406,9 @@ def trl_prompt_tokens(tokenizer: Any, prompts: list[list[dict[str, str]]]) -> in
 
 def _child(args: argparse.Namespace) -> None:
     spec = json.loads(args.child)
+    if spec.get("gpu"):
+        print("RESULT " + json.dumps(_gpu_step.run_row(spec)), flush=True)
+        return
     common = {"samples": spec["samples"], "threads": spec["threads"]}
     if spec["row"] == "trl":
         result = run_trl_row(spec["questions"], spec["seed"], spec["completion_tokens"], **common)
@@ -416,14 +417,19 @@ def _child(args: argparse.Namespace) -> None:
     print("RESULT " + json.dumps(result), flush=True)
 
 
-def _run_child(spec: dict[str, Any]) -> dict[str, Any]:
+def _run_child(spec: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
+    """Run one row in a fresh process; its RESULT line (``timeout_s``: seconds it may take, None: no limit)."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     cmd = [sys.executable, "-m", "searchr1.cli", "bench", "rl-step", "--child", json.dumps(spec)]
     competitor = None
     if spec["row"] == "fast+competitor":
         competitor = subprocess.Popen([sys.executable, "-c", COMPETITOR], env=dict(env, OMP_NUM_THREADS="1"))
     try:
-        out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, timeout=timeout_s)
+    except subprocess.TimeoutExpired as exc:
+        tail = (exc.stderr or b"")[-3000:]
+        tail = tail.decode(errors="replace") if isinstance(tail, bytes) else tail
+        raise RuntimeError(f"rl-step row {spec['row']} ran past {timeout_s:.0f} s:\n{tail}") from None
     finally:
         if competitor is not None:
             competitor.kill()
@@ -438,6 +444,8 @@ def run(args: argparse.Namespace) -> BenchResult:
     if getattr(args, "child", None):
         _child(args)
         raise SystemExit(0)
+    if getattr(args, "device", "cpu") == "cuda":
+        return run_gpu(args)
     import torch
 
     quick = bool(getattr(args, "quick", False))
@@ -536,3 +544,65 @@ def run(args: argparse.Namespace) -> BenchResult:
         headline_label="fast / baseline step tokens per second (target >= 8)",
         extra=extra,
     )  # fmt: skip
+
+
+def run_gpu(args: argparse.Namespace) -> BenchResult:
+    """``--device cuda``: ours, ours-eager and TRL per shape, each row in a fresh process
+    (``searchr1.bench._gpu_step``)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UserFacingError(f"bench rl-step --device cuda: no CUDA device here (torch {torch.__version__})")
+    names = list(args.rows or _gpu_step.GPU_ROWS)
+    other = [r for r in names if r not in _gpu_step.GPU_ROWS]
+    if other:
+        raise UserFacingError(
+            f"bench rl-step --device cuda: rows are {', '.join(_gpu_step.GPU_ROWS)}; got {', '.join(other)}"
+        )
+    if "trl" in names:
+        try:
+            import trl
+        except Exception as exc:  # not installed, or a dependency missing (a bare GPU image)
+            names.remove("trl")
+            print(f"note: TRL cannot be imported ({exc}); its rows are skipped", file=sys.stderr)
+    quick = bool(getattr(args, "quick", False))
+    work = _gpu_step.Workload(
+        questions=args.questions or (1 if quick else _gpu_step.Workload.questions),
+        samples=args.samples or _gpu_step.Workload.samples,
+        gen_tokens=args.gen_tokens or (64 if quick else _gpu_step.Workload.gen_tokens),
+        seed=int(getattr(args, "seed", 0)),
+    )
+    if work.gen_tokens < 1 or work.questions < 1 or work.samples < 1:
+        raise UserFacingError(
+            "bench rl-step --device cuda: --questions, --samples and --gen-tokens must be >= 1"
+        )
+    shapes = list(args.shapes or _gpu_step.GPU_SHAPES)
+    results: dict[tuple[str, str], dict[str, Any]] = {}
+    failed: dict[str, str] = {}
+    for shape in shapes:
+        for name in names:
+            print(f"rl-step (cuda): {shape} {name} ...", file=sys.stderr, flush=True)
+            try:
+                result = _run_child(_gpu_step.child_spec(name, shape, work), timeout_s=args.row_timeout)
+                results[shape, name] = result
+                print(f"rl-step (cuda): {shape} {name}: {json.dumps(result)}", file=sys.stderr, flush=True)
+            except RuntimeError as exc:  # one failed row must not lose the others
+                failed[f"{shape} {name}"] = str(exc)[-1500:]
+                print(f"rl-step: row {shape} {name} failed; the others go on:\n{exc}", file=sys.stderr)
+    speedups = {}
+    for shape in shapes:
+        ours, trl = results.get((shape, "ours")), results.get((shape, "trl"))
+        if ours and trl:
+            speedups[shape] = trl["step_s"] / ours["step_s"]
+    headline_shape = next((s for s in reversed(shapes) if s in speedups), None)
+    extra: dict[str, Any] = {"gpu": _gpu_step.card_facts(), "trl_over_ours_step_s": speedups}
+    if failed:
+        extra["failed_rows"] = failed
+    return BenchResult(
+        name="rl_step_gpu",
+        params={"shapes": shapes, "rows": names, "workload": dataclasses.asdict(work), "quick": quick},
+        rows=list(results.values()),
+        headline=speedups[headline_shape] if headline_shape else float("nan"),
+        headline_label=f"TRL step seconds / ours ({headline_shape or 'no pair measured'})",
+        extra=extra,
+    )

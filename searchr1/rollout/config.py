@@ -131,10 +131,17 @@ class RolloutConfig:
     """Threads that run searches while the HF engine keeps decoding other rows."""
     max_batch_rows: int = 64
     """Rows decoded together; further prompts take the slots of finished rows (continuous batching)."""
+    cuda_graphs: Literal["auto", "on", "off"] = "auto"
+    """Decode steps of the slot decoder (a Llama-family model, fast_decode) with fixed shapes per bucket of
+    8 / 16 / 32 / 64 / 128 rows, each captured once as a CUDA graph and replayed (rollout/static_decode.py):
+    auto (on where the model is on a CUDA device, off elsewhere) | on (refused off CUDA or without the slot
+    decoder) | off (eager steps, the CPU's path). GPU only: not measured on a GPU yet."""
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
     """The vLLM engine's server and weight sync (rollout.engine=vllm)."""
 
     def validate(self, root: Any) -> None:
+        if self.cuda_graphs not in ("auto", "on", "off"):
+            raise ValueError(f"rollout.cuda_graphs: expected auto | on | off, got {self.cuda_graphs!r}")
         if self.dtype not in ("auto", "model", "float32", "bfloat16", "float16"):
             raise ValueError(
                 f"rollout.dtype: expected auto | model | float32 | bfloat16 | float16, got {self.dtype!r}"

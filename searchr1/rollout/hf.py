@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from searchr1 import threads
+from searchr1.errors import UserFacingError
 from searchr1.modeling import MergedWeights, is_sharded, merged_weights_for
 from searchr1.models import copy_weights, generation_copy, is_peft_model
 from searchr1.precision import compute_dtype
@@ -43,6 +44,7 @@ from searchr1.rollout.kv import KVBatch, model_config
 from searchr1.rollout.sampling import SamplingParams, logprob_temperature, row_generators, sample_tokens
 from searchr1.rollout.search import SearchJob, SearchRunner
 from searchr1.rollout.slots import SlotBatch
+from searchr1.rollout.static_decode import decode_mode
 from searchr1.rollout.steer import Steer, SteerRow
 from searchr1.rollout.types import Trajectory
 
@@ -70,6 +72,12 @@ class _HFEngineBase(RolloutEngine):
         self.merged = self._merged_weights(model)
         """The policy's merged weights when decoding through ``SlotBatch``, else None."""
         self.model = model if self.merged is not None else self._generation_model(model)
+        if self.config.cuda_graphs == "on" and self.merged is None:
+            raise UserFacingError(
+                "rollout.cuda_graphs=on needs the slot decoder (a Llama-family model, rollout.fast_decode=true)"
+            )
+        self.decode = "eager" if self.merged is None else decode_mode(self.config.cuda_graphs, self.device)
+        """How the slot decoder runs single-token steps (``searchr1.rollout.static_decode``)."""
         self.topk = topk
         self.steer = steer
         self.stop = StopDetector(tokenizer, eos_token_ids(tokenizer, model))
@@ -171,12 +179,14 @@ class _HFEngineBase(RolloutEngine):
             logits = self.steer(rows, logits)
         tokens = sample_tokens(logits, sampling, [generators[ep.index] for ep in episodes])
         chosen = logp.gather(1, tokens[:, None]).squeeze(1)
-        ids = tokens.tolist()
+        # one read from the device for both (float64 holds every token id and float32 log-prob exactly)
+        read = torch.stack([tokens.to(torch.float64), chosen.to(torch.float64)]).tolist()
+        ids = [int(t) for t in read[0]]
         if self._on_tokens is not None:
             self._on_tokens(
                 [NewToken(ep.index, ep.traj.turns, t) for ep, t in zip(episodes, ids, strict=True)]
             )
-        return ids, chosen.tolist()
+        return ids, read[1]
 
     def _deliver(self, job: SearchJob, episodes: list[Episode | None]) -> None:
         for k, i in enumerate(job.owners):
@@ -196,7 +206,8 @@ class _HFEngineBase(RolloutEngine):
     ) -> list[Trajectory]:
         """Run ``_generate`` in eval mode without gradients, restoring the model's mode after."""
         if self.merged is not None and is_sharded(self.policy):
-            self.merged = None  # FSDP sharded the policy after this engine was built: the HF modules decode it
+            # FSDP sharded the policy after this engine was built: the HF modules decode it
+            self.merged = None
             self.model = self.policy
         was_training = self.model.training
         self.model.eval()
@@ -242,7 +253,11 @@ class HFRolloutEngine(_HFEngineBase):
         queue = deque(range(n))
         n_slots = min(self.config.max_batch_rows, n)
         if self.merged is not None:
-            kv: KVBatch | SlotBatch = SlotBatch(self.merged, n_slots, self.generation_dtype, prompts)
+            stream = min(self.max_context(), max(map(len, prompts)) + self.config.max_response_tokens + 1)
+            kv: KVBatch | SlotBatch = SlotBatch(
+                self.merged, n_slots, self.generation_dtype, prompts,
+                stream_tokens=stream if self.decode != "eager" else 0, decode=self.decode,
+            )  # fmt: skip
         else:
             kv = KVBatch(self.model, n_slots, self.pad_id, fast=self.config.fast_decode)
         slot_episode: list[int | None] = [None] * kv.n_slots
@@ -317,6 +332,13 @@ class HFRolloutEngine(_HFEngineBase):
             "peak_kv_cache_bytes": float(kv.peak_cache_bytes),
             "shared_prompt_tokens": float(kv.shared_prompt_tokens),
         }
+        static = getattr(kv, "static", None)
+        if static is not None:
+            self.last_stats.update(
+                static_steps=float(static.static_steps),
+                eager_steps=float(static.eager_steps),
+                graph_captures=float(static.captures),
+            )
         return [ep.finalize(t0) for ep in episodes if ep is not None]
 
 

@@ -45,6 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from searchr1.modeling import LinearPlan, MergedWeights
+from searchr1.rollout.static_decode import DecodeMode, StaticDecode, static_rows
 
 MIN_SHARED_PREFIX = 16
 """A common prompt prefix shorter than this is not stored apart (a chosen threshold, not a measured one)."""
@@ -183,9 +184,16 @@ class SlotBatch:
         n_slots: int,
         dtype: torch.dtype,
         prompts: Sequence[Sequence[int]] = (),
+        *,
+        stream_tokens: int = 0,
+        decode: DecodeMode = "eager",
     ) -> None:
+        """``stream_tokens``: the most tokens one stream may hold (prompt and response), reserved up front in
+        every slot (the buffers still grow past it when needed). ``decode``: how single-token steps run."""
         if n_slots < 1:
             raise ValueError(f"SlotBatch needs at least one slot, got {n_slots}")
+        if decode not in ("eager", "static", "graphs"):
+            raise ValueError(f"SlotBatch decode: expected eager | static | graphs, got {decode!r}")
         self.weights = weights
         self.dtype = dtype
         self.w = decode_weights(weights, dtype)
@@ -204,8 +212,11 @@ class SlotBatch:
         self._turns = torch.empty(0, dtype=torch.complex64)
         self.prefix_len = shared_prefix_length(prompts)
         longest = max((len(p) for p in prompts), default=0) - self.prefix_len
-        capacity = _round_up(max(1, longest) + 1, GROWTH)
-        shape = (n_slots, self.kv_heads, capacity, self.head_dim)
+        capacity = _round_up(max(1, longest + 1, stream_tokens - self.prefix_len), GROWTH)
+        rows = n_slots if decode == "eager" else static_rows(n_slots)
+        self.fixed_rows = decode != "eager"
+        """The buffers keep all their rows through ``compact`` (the static decode steps address them)."""
+        shape = (rows, self.kv_heads, capacity, self.head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in self.w.layers]
         self.values = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in self.w.layers]
         self.prefix_keys: list[torch.Tensor] = []
@@ -213,6 +224,8 @@ class SlotBatch:
         if self.prefix_len:
             with torch.no_grad(), torch.autocast(self.device.type, enabled=False):
                 self._run_prefix(list(prompts[0][: self.prefix_len]))
+        self.static = StaticDecode(self, graphs=decode == "graphs") if decode != "eager" else None
+        """The fixed-shape decode steps (``searchr1.rollout.static_decode``), or None (eager steps only)."""
         self._note_memory()
 
     # -- the KVBatch contract ------------------------------------------------------------------------
@@ -257,8 +270,9 @@ class SlotBatch:
                 for buf in buffers:
                     buf.index_copy_(0, dst, buf.index_select(0, src))
         n = len(keep)
-        self.keys = [buf[:n] for buf in self.keys]
-        self.values = [buf[:n] for buf in self.values]
+        if not self.fixed_rows:
+            self.keys = [buf[:n] for buf in self.keys]
+            self.values = [buf[:n] for buf in self.values]
         self.lengths = [self.lengths[s] for s in keep]
         return keep
 
@@ -276,6 +290,10 @@ class SlotBatch:
             if not toks:
                 raise ValueError(f"slot {slot}: empty feed")
         order = sorted(feeds)
+        if self.static is not None and all(len(feeds[s]) == 1 for s in order):
+            logits = self.static.step(order, [feeds[s][0] for s in order])
+            if logits is not None:  # None: wider than the largest bucket, the eager step below runs it
+                return logits
         first: dict[tuple[int, ...], int] = {}
         rep: dict[int, int] = {}
         for slot in order:
@@ -303,11 +321,14 @@ class SlotBatch:
         """RMSNorm in float32 (Hugging Face's Llama formula), returned in the generation dtype."""
         return F.rms_norm(h, (h.shape[-1],), weight, self.w.eps).to(self.dtype)
 
-    def _layers(self, h: torch.Tensor, positions: torch.Tensor, attend: Attend) -> torch.Tensor:
-        """Run every decoder layer over the rows of ``h [N, hidden]`` (float32) at ``positions [N]``."""
+    def _layers(
+        self, h: torch.Tensor, turns: tuple[torch.Tensor, torch.Tensor], attend: Attend
+    ) -> torch.Tensor:
+        """Run every decoder layer over the rows of ``h [N, hidden]`` (float32) rotated by ``turns`` (the
+        queries' and the keys' rotations of the rows' positions, ``_rotations``)."""
         n = h.shape[0]
         heads, kv_heads, d = self.heads, self.kv_heads, self.head_dim
-        turn_q, turn_k = self._rotations(positions)
+        turn_q, turn_k = turns
         for i, layer in enumerate(self.w.layers):
             qkv = layer.qkv(self._norm(h, layer.ln1))
             q = _rotate_pairs(qkv[:, : heads * d], turn_q, heads).to(self.dtype)
@@ -322,7 +343,13 @@ class SlotBatch:
     def _rotations(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``e^{j theta}`` per position ``[N, 1, d/2]`` (complex64) for keys, and the same times
         ``1/sqrt(d)`` for queries; from a table grown as needed."""
-        need = int(positions.max()) + 1
+        self._turn_table(int(positions.max()) + 1)
+        turn = self._turns[positions][:, None]
+        return turn * self.head_dim**-0.5, turn
+
+    def _turn_table(self, need: int) -> torch.Tensor:
+        """The table of ``e^{j theta}`` for positions ``0 .. need - 1`` at least ``[P, d/2]`` (complex64), grown
+        when too short (a new tensor: ``StaticDecode`` checks its address)."""
         if need > self._turns.shape[0]:
             size = max(need, int(self._turns.shape[0] * 1.5), 256)
             probe = torch.zeros(1, dtype=torch.float32, device=self.device)
@@ -332,8 +359,7 @@ class SlotBatch:
             if not (torch.equal(cos[:, :half], cos[:, half:]) and torch.equal(sin[:, :half], sin[:, half:])):
                 raise ValueError("rotary embedding with different angles for the two halves of a head")
             self._turns = torch.complex(cos[:, :half], sin[:, :half])
-        turn = self._turns[positions][:, None]
-        return turn * self.head_dim**-0.5, turn
+        return self._turns
 
     def _embed(self, ids: list[int]) -> torch.Tensor:
         return F.embedding(torch.tensor(ids, device=self.device), self.w.embedding).float()
@@ -357,7 +383,7 @@ class SlotBatch:
             out = torch.matmul(probs, values).view(kv_heads, g, p, d)
             return out.permute(2, 0, 1, 3).reshape(p, self.heads * d)
 
-        self._layers(self._embed(ids), torch.arange(p, device=self.device), attend)
+        self._layers(self._embed(ids), self._rotations(torch.arange(p, device=self.device)), attend)
 
     def _prefix_scores(self, i: int, q: torch.Tensor) -> torch.Tensor:
         """``q [R, K, m, d] -> [R, K, m, P]``: scores against the shared prefix, one product per KV head."""
@@ -422,7 +448,7 @@ class SlotBatch:
                 parts.append(decode(i, q[n_wide:]))
             return parts[0] if len(parts) == 1 else torch.cat(parts)
 
-        h = self._layers(self._embed(ids), col_idx + self.prefix_len, attend)
+        h = self._layers(self._embed(ids), self._rotations(col_idx + self.prefix_len), attend)
         ends = torch.tensor(list(itertools.accumulate(len(f) for f in wide_feeds)), dtype=torch.long) - 1
         rows = torch.cat([ends, torch.arange(n_wide, len(ids))]).to(self.device)
         return h.index_select(0, rows)

@@ -26,6 +26,13 @@ and gradients equal (up to float rounding; tested against the Hugging Face path 
   adds its share to the weights' gradients. Since the loss reads the prefix only through its keys and
   values, this is the same gradient as recomputing the prefix in every micro-batch.
 
+Host syncs (a read of a device value by the host stalls it until the GPU has run everything queued): none
+per layer in the forward or the backward (no ``.item()``, ``.cpu()``, ``nonzero`` or branch on a tensor's
+value inside ``hidden`` or ``_PlanLinear``); per micro-batch ``fused_token_logprobs`` reads the device once
+for its prefix checks and once for the rows it selects for the LM head (their count sizes the result).
+On CUDA the update runs under bfloat16 autocast (``trainer.bf16_autocast``, on by default where the GPU has
+bfloat16). Share of peak: see ``searchr1.bench._gpu_step``.
+
 Numerics follow Hugging Face's modules under bfloat16 autocast: the residual stream and the norms in
 float32, products in the compute dtype (bfloat16 where the CPU has bf16 units and autocast is on,
 otherwise the weights' dtype), rotary embedding in float32, softmax computed in float32 on the product's
@@ -330,16 +337,21 @@ def fused_token_logprobs(
         valid &= target_mask.bool()
     if step_prefix is not None:
         p = step_prefix.length
-        if step_prefix.dtype != dtype or first_target_column(valid) <= p:
+        # both checks in one read from the device: a target in the first p + 1 columns, a row not starting
+        # with the prefix's ids
+        target_early, other_start = torch.stack(
+            [valid[:, : p + 1].any(), (input_ids[:, :p] != step_prefix.ids.to(input_ids.device)).any()]
+        ).tolist()
+        if step_prefix.dtype != dtype or target_early:
             raise ValueError("the step's shared prefix does not fit this micro-batch")
-        if not bool((input_ids[:, :p] == step_prefix.ids.to(input_ids.device)).all()):
+        if other_start:
             raise ValueError("a row of the micro-batch does not start with the step's shared prefix")
         prefix: PrefixKV | None = step_prefix.kv
     else:
         prefix = _prefix_for(decoder, input_ids, valid, dtype, min_prefix) if share_prefix else None
     p = prefix.length if prefix is not None else 0
     hidden, _ = decoder.hidden(input_ids[:, p:], dtype, prefix)
-    keep = valid[:, p + 1 :]
+    keep = valid[:, p + 1 :].nonzero(as_tuple=True)  # one read from the device for both selections
     rows = hidden[:, :-1][keep]
     targets = input_ids[:, p + 1 :][keep]
     _, head_weight = decoder.plans(dtype)

@@ -55,26 +55,45 @@ class UpdateSettings:
 
 
 class MetricSums:
-    """Token- or row-weighted sums of metrics, reduced over ranks at the end."""
+    """Token- or row-weighted sums of metrics, reduced over ranks at the end.
+
+    Tensor values stay on their device until ``reduce`` reads them all at once (one transfer instead of one
+    host sync per metric and micro-batch, which on a GPU would stall the host until the queued kernels ran);
+    they are then added in the order they came, as Python floats, exactly as if read one by one."""
 
     def __init__(self) -> None:
         self.sums: dict[str, float] = defaultdict(float)
         self.weights: dict[str, float] = defaultdict(float)
         self.steps = 0
         """Optimizer steps (mini-batches) so far; the same on every rank."""
+        self._pending: list[tuple[str, torch.Tensor | float, float | None]] = []
 
     def add_share(self, name: str, value: float | torch.Tensor) -> None:
         """A micro-batch's share of a mini-batch aggregate (shares add up over micro-batches and ranks)."""
-        v = float(value.detach()) if isinstance(value, torch.Tensor) else float(value)
-        self.sums[name] += v
+        self._pending.append((name, _held(value), None))
         self.weights[name] = -1.0
 
     def add(self, name: str, value: float | torch.Tensor, weight: float) -> None:
-        v = float(value.detach()) if isinstance(value, torch.Tensor) else float(value)
-        self.sums[name] += v * weight
+        self._pending.append((name, _held(value), float(weight)))
         self.weights[name] += weight
 
+    def _settle(self) -> None:
+        """Add the pending values to the sums (their tensors read from the device in one transfer)."""
+        by_device: dict[torch.device, list[int]] = defaultdict(list)
+        for i, (_, value, _) in enumerate(self._pending):
+            if isinstance(value, torch.Tensor):
+                by_device[value.device].append(i)
+        read: dict[int, float] = {}
+        for rows in by_device.values():  # float64 holds every float32 / bfloat16 value exactly
+            values = torch.stack([self._pending[i][1].double() for i in rows]).tolist()  # type: ignore[union-attr]
+            read.update(zip(rows, values, strict=True))
+        for i, (name, value, weight) in enumerate(self._pending):
+            v = read[i] if i in read else float(value)
+            self.sums[name] += v if weight is None else v * weight
+        self._pending = []
+
     def reduce(self, info: DistInfo, device: torch.device) -> dict[str, float]:
+        self._settle()
         names = sorted(self.sums)
         flat = all_reduce_sum([self.sums[n] for n in names] + [self.weights[n] for n in names], info, device)
         k = len(names)
@@ -85,6 +104,13 @@ class MetricSums:
             else:
                 out[n] = flat[i] / flat[k + i] if flat[k + i] else 0.0
         return out
+
+
+def _held(value: float | torch.Tensor) -> torch.Tensor | float:
+    """A metric value kept until ``MetricSums._settle``: a detached 0-d tensor, or a float."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().reshape(()).clone()  # a copy: later in-place work cannot change it
+    return float(value)
 
 
 @dataclass(frozen=True)
@@ -167,7 +193,7 @@ def _optimizer_step(mini: Experience, s: _Step, sums: MetricSums) -> bool:
         if model is not None
     ]
     optimizers = [opt for opt in (s.actor_optimizer, s.critic_optimizer) if opt is not None]
-    nonfinite_loss = False
+    nonfinite_loss = torch.zeros((), dtype=torch.bool, device=s.device)  # read once, after the micro-batches
     for opt in optimizers:
         opt.zero_grad(set_to_none=True)
     prefix_owner = _begin_shared_prefix(mini, s)
@@ -179,8 +205,7 @@ def _optimizer_step(mini: Experience, s: _Step, sums: MetricSums) -> bool:
             for _, model, _, loss_fn in trained:
                 with no_sync(model, skip_sync=not last), autocast(s.device, s.bf16_autocast):
                     loss = loss_fn(model, mb, s, norms, sums)
-                    if not torch.isfinite(loss.detach()):
-                        nonfinite_loss = True
+                    nonfinite_loss |= ~torch.isfinite(loss.detach())
                     (loss * world).backward()
         if prefix_owner is not None:
             prefix_owner.end_step()  # the shared prefix's backward, once for the whole step
@@ -189,7 +214,7 @@ def _optimizer_step(mini: Experience, s: _Step, sums: MetricSums) -> bool:
             prefix_owner.end_step(backward=False)
     sums.steps += 1
     ok = True
-    (flag,) = all_reduce_sum([1.0 if nonfinite_loss else 0.0], s.info, s.device)
+    (flag,) = all_reduce_sum([1.0 if bool(nonfinite_loss) else 0.0], s.info, s.device)
     stepped = [(name, model, opt) for name, model, opt, _ in trained if opt is not None]
     for name, model, _ in stepped:
         params = [p for p in model.parameters() if p.requires_grad]

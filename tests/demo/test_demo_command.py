@@ -71,14 +71,23 @@ def test_the_demo_command_writes_summary_json_with_both_ablations(tmp_path, tiny
     recipe, no_guidance, outcome_only = config("search"), config("no_guidance"), config("outcome_only")
     rl_only = config("rl_only")  # RL alone: the recipe without its warm start
     differ = {k for k in recipe.keys() | rl_only.keys() if recipe.get(k) != rl_only.get(k)}
-    assert rl_only["warmstart.epochs"] == 0 and differ <= {"trainer.out_dir", "warmstart.epochs"}
+    assert rl_only["warmstart.epochs"] == 0 and differ <= {"trainer.out_dir", "warmstart.epochs", "model.path"}
+    if "model.path" in differ:  # the recipe's RL starts from its warm start's policy, RL alone from the model
+        assert recipe["model.path"] == str(out / "seed_3" / "search" / "warmstart" / "model")
+        assert rl_only["model.path"] == str(tiny_model_dir)
     assert recipe["guidance.off_policy"] >= 1 and recipe["replay.enabled"] and recipe["reward.step_gain"] > 0
+    # with a warm start each run's RL starts from its own (model.path: <run>/warmstart/model)
+    warm = recipe["model.path"] == str(out / "seed_3" / "search" / "warmstart" / "model")
+    own = {"trainer.out_dir", "model.path"} if warm else {"trainer.out_dir"}
+    for mode, cfg in (("no_guidance", no_guidance), ("outcome_only", outcome_only)):
+        assert cfg["model.path"] == (str(out / "seed_3" / mode / "warmstart" / "model") if "model.path" in own
+                                     else recipe["model.path"])  # fmt: skip
     differ = {k for k in recipe.keys() | no_guidance.keys() if recipe.get(k) != no_guidance.get(k)}
-    assert differ == {"trainer.out_dir", "guidance.off_policy", "guidance.branched"}
+    assert differ == {*own, "guidance.off_policy", "guidance.branched"}
     assert (no_guidance["guidance.off_policy"], no_guidance["guidance.branched"]) == (0, 0)
     differ = {k for k in recipe.keys() | outcome_only.keys() if recipe.get(k) != outcome_only.get(k)}
     assert differ == {
-        "trainer.out_dir", "reward.components.gold_coverage", "reward.step_gain", "reward.step_redundancy",
+        *own, "reward.components.gold_coverage", "reward.step_gain", "reward.step_redundancy",
         "replay.enabled", "guidance.off_policy", "guidance.branched",
     }  # fmt: skip
     assert outcome_only["reward.components.search_r1"] == 1.0 and "reward.components.gold_coverage" not in outcome_only

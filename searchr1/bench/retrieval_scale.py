@@ -488,7 +488,7 @@ def serve_bm25(index: Path, queries: list[str], threads: int, total: int, log: P
     with log.open("ab") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "searchr1.cli", "serve", "--index", str(index), "--port", str(port),
-             "--no-access-log", "--max-queries", "1024"],
+             "--no-access-log", "--max-queries", "1024", "--threads", str(threads)],
             env=env, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
     row: dict[str, Any] = {}
@@ -533,9 +533,10 @@ def serve_bm25(index: Path, queries: list[str], threads: int, total: int, log: P
     return row
 
 
-def inprocess_bm25(index: Path, queries: list[str]) -> dict[str, float]:
-    """BM25 queries/s at batch 128 in this process (no HTTP): the search alone, per wall and CPU second."""
-    r = load_index(index)
+def inprocess_bm25(index: Path, queries: list[str], threads: int = 1) -> dict[str, float]:
+    """BM25 queries/s at batch 128 in this process (no HTTP), each batch searched on ``threads``
+    threads: the search alone, per wall and CPU second."""
+    r = load_index(index, threads=threads)
     r.search(queries[:128], 3)
     batches = [queries[i : i + 128] for i in range(128, min(len(queries), 128 + 20 * 128), 128)]
     t, cpu = time.perf_counter(), time.process_time()
@@ -595,7 +596,7 @@ def server_qps(index: Path, queries: list[str], threads: int, log: Path, batch: 
     env_before = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS",)}
     os.environ["OMP_NUM_THREADS"] = str(threads)
     try:
-        proc = start_server(index, port, ["--no-access-log", "--max-queries", "1024"])
+        proc = start_server(index, port, ["--no-access-log", "--max-queries", "1024", "--threads", str(threads)])
     finally:
         for k, v in env_before.items():
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
@@ -642,8 +643,8 @@ def peer_bm25(index: Path, corpus: Path, queries: list[str], threads: int, workd
                             "pyserini_index_gb": lucene["index_bytes"] / 1e9}  # fmt: skip
     # a Lucene index built by an earlier run is reused: its build time is the one recorded then
     peer["pyserini_build_s"] = lucene.get("build_s", (row.get("peer") or {}).get("pyserini_build_s"))
-    r = load_index(index)
-    peer["ours_qps_b128_inprocess"], ours = _threaded_search(r, queries, threads)
+    r = load_index(index, threads=threads)
+    peer["ours_qps_b128_inprocess"], ours = _threaded_search(r, queries, 1)  # the batch on r's threads
     r.close()
     peer["ours_qps_b128_server"] = server_qps(index, queries, threads, log)
     peer["identical_top3"] = sum(a == b for a, b in zip(ours, lucene["top_ids"], strict=True))
@@ -688,7 +689,7 @@ def kill_and_resume_bm25(corpus: Path, whole: Path, workdir: Path, threads: int,
     with log.open("ab") as err:
         proc = subprocess.Popen([sys.executable, "-c", KILLED_WORKER, json.dumps(task)], env=thread_env(threads),
                                 stdout=subprocess.DEVNULL, stderr=err)  # fmt: skip
-    data = out / "bm25" / "data.csc.index.npy"
+    data = out / "bm25" / "postings.u8.npy"
     while proc.poll() is None:
         state = out / ".build" / "state.json"
         try:
@@ -982,7 +983,7 @@ def _bm25_size(n: int, args, workdir: Path, rows: dict, log: Path, seed: int) ->
         print(f"[{n:,}] bm25: serving", flush=True)
         with LoadMonitor(args.threads) as load:
             row.update(serve_bm25(index, queries, args.threads, args.queries, log), serve_threads=args.threads)
-            row.update(inprocess_bm25(index, queries))
+            row.update(inprocess_bm25(index, queries, args.threads))
         note_load(row, "serve", load)
         _save_rows(workdir, rows)
     if "peer" in parts:

@@ -1,4 +1,4 @@
-"""BM25 lexical search over a precomputed sparse score matrix, in memory or memory-mapped from disk.
+"""BM25 lexical search over blocks of postings, in memory or memory-mapped from disk.
 
 BM25 (Robertson & Zaragoza, 2009, "The Probabilistic Relevance Framework: BM25 and Beyond"):
 
@@ -12,42 +12,53 @@ The defaults are Search-R1's retriever, pyserini's ``LuceneSearcher`` (preset ``
 b 0.4, Lucene's English analyzer (``retrieval.analysis``), and |d| as Lucene stores it, in one byte
 (``lucene_norm``), with Lucene's float32 arithmetic (``term_scores``), so rankings match Lucene's. The
 settings of earlier versions are preset ``bm25s`` (k1 1.5, b 0.75, a regex tokenizer, a Snowball
-stemmer, exact lengths). Every (term, doc) score is precomputed into a sparse column matrix (CSC:
-column t lists the documents holding term t, ascending, with their scores), so a query is a sum of a
-few columns and a top-k; a query term repeated n times is one clause boosted by n, as Anserini's
+stemmer, exact lengths). Each term's postings (the documents holding it, ascending, with its term
+frequency or its score) form a column; a query is a sum of a few columns and a top-k; a query term
+repeated n times is one clause boosted by n, as Anserini's
 bag-of-words query builds it (``bm25_index.boosted_scores``: ``w - w / (1 + tf inv)`` with
 ``w = float32(n idf)``).
 
-Top-k is exact and, for the lucene variant, pruned in the manner of MaxScore (Turtle & Flood, 1995,
-"Query evaluation: strategies and optimizations"): columns are taken in decreasing order of their
-largest score; once the largest scores of the columns not yet taken sum to less than the k-th best
-partial score, no document outside the columns taken can enter the top k, and the remaining (long,
-low-IDF) columns are only probed for the candidates found so far (binary search), never scanned.
+Top-k is exact, computed by a compiled kernel (``bm25_kernel``: document-at-a-time MaxScore with
+per-block bounds, Turtle & Flood 1995 and Chakrabarti et al. 2011) that releases the GIL, so a batch is
+searched on ``threads`` threads (``BM25Retriever(..., threads=N)``, ``set_threads``, ``serve
+--threads``). Passages are visited in row order and only those that can still enter the top k are
+scored; the hits are the k best by float32 score then row (and every passage tied with the k-th when
+Anserini's tie order follows).
 
     bm25 = BM25Retriever.from_documents(docs)              # in process, nothing written
     bm25.search(["who founded Acme"], topk=3)
 
-On disk (``folder/bm25``): ``data.csc.index.npy`` / ``indices.csc.index.npy`` / ``indptr.csc.index.npy``
-(bm25s's names), ``term_max.npy`` (each column's largest score), ``vocab.hash.npy`` + ``vocab.ids.npy``
+On disk (``folder/bm25``), format 2: postings in blocks of 128 (``bm25_blocks``): ``postings.u8.npy``
+(per posting a varint row gap and, with Lucene's settings, a varint term frequency: the score is
+computed at query time from it and the passage's norm; other settings keep ``scores.f32.npy``),
+``blocks.offsets.npy`` / ``blocks.ptr.npy`` / ``blocks.last.npy`` / ``blocks.max.npy`` (each block's
+first byte, each column's first block, each block's last row and largest score),
+``indptr.csc.index.npy`` (each column's first posting), ``term_max.npy`` (each column's largest
+score), ``vocab.hash.npy`` + ``vocab.ids.npy``
 (sorted 64-bit hashes of the terms and their column ids: a term is found by binary search in a memory
 map, so serving 10M terms costs neither a dictionary in memory nor seconds of loading), ``vocab.txt``
 (the terms, one per line in column order, for people), ``norms.npy`` (Lucene's one-byte norm a
-passage: a repeated query term scored as Anserini does), ``id_keys.npy`` (8 bytes a passage: the ids'
-text order, for Anserini's order of tied hits), ``params.index.json`` (with N and avgdl),
-``tokenizer.json`` (the settings). Columns are in the order of the terms' hashes (``bm25_build``). Folders written by
+passage), ``id_keys.npy`` (8 bytes a passage: the ids'
+text order, for Anserini's order of tied hits), ``params.index.json`` (with N, avgdl, the layout and
+each file's size and CRC-32, checked at load), ``tokenizer.json`` (the settings). Columns are in the
+order of the terms' hashes (``bm25_build``). Format 1 (earlier versions and ``save``):
+``data.csc.index.npy`` / ``indices.csc.index.npy`` (float32 scores and int32 rows, bm25s's names)
+instead of the blocks; still read, the block bounds computed at load. Folders written by
 earlier versions (bm25s's ``vocab.index.json``; no ``analyzer`` setting) still load.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
-import threading
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
 from searchr1.retrieval.base import Hit, Retriever
+from searchr1.retrieval.bm25_blocks import Postings, encode_postings, frozen
 from searchr1.retrieval.bm25_build import build_matrix
 from searchr1.retrieval.bm25_index import (
     BM25_DIR,
@@ -85,8 +96,18 @@ from searchr1.retrieval.bm25_index import (
     term_hash,
     term_scores,
     tf_component,
+    tf_layout,
     write_params,
     write_vocabulary,
+)
+from searchr1.retrieval.bm25_kernel import (
+    BOOST_MARGIN,
+    FORMULA,
+    RECOVER,
+    TF,
+    TIMES,
+    CorruptIndex,
+    top_k_batch,
 )
 from searchr1.retrieval.corpus import Document, read_corpus
 from searchr1.retrieval.docstore import DocStore
@@ -133,28 +154,28 @@ __all__ = [
 
 
 class BM25Retriever(Retriever):
-    """BM25 over a score matrix, a vocabulary and a document store."""
+    """BM25 over posting blocks (``bm25_blocks``), a vocabulary and a document store; top-k by the
+    compiled kernel (``bm25_kernel``), a batch split over ``threads`` threads."""
 
     name = "bm25"
-    PROBE_BELOW = 4096
-    """Queries whose columns hold fewer postings than this are scored exhaustively (a sort is cheaper)."""
-    SEEDS, SEED_COLUMNS = 64, 3
-    """Best documents of each of the first columns whose full scores set MaxScore's first threshold."""
-    SEED_CACHE_DF = 4096
-    """Columns longer than this keep their ``SEEDS`` best rows once found (at most 512 bytes a column)."""
-    DENSE_SCAN = 16
-    """The scanned columns are summed in a per-passage accumulator when they hold more than 1 / this of
-    the corpus (allocated then, 8 bytes a passage, kept by the thread); else through a sort."""
+    CHUNKS_PER_THREAD = 4
+    """A batch is cut into this many kernel calls per thread (queries differ in cost)."""
 
-    def __init__(self, matrix: ScoreMatrix, vocab, docs: DocStore, params: BM25Params):
+    def __init__(
+        self, matrix: ScoreMatrix, vocab, docs: DocStore, params: BM25Params, postings: Postings | None = None,
+        threads: int = 1,
+    ):  # fmt: skip
+        """``postings``: encoded blocks (an index of this version); None: RAW blocks over ``matrix``'s
+        scores. ``threads``: threads a batch of queries is searched on."""
         self.matrix = matrix
         self.vocab = vocab
         self.docs = docs
         self.params = params
         self.analyzer = params.make_analyzer()
-        # plain ndarray views of memory maps: slicing a numpy.memmap costs a Python call per slice
-        self._data, self._indices = np.asarray(matrix.data), np.asarray(matrix.indices)
-        self._indptr = np.asarray(matrix.indptr)
+        if postings is None:
+            postings = Postings.from_matrix(matrix.indptr, matrix.indices, matrix.data, matrix.column_max())
+        self.postings = postings
+        self._indptr = np.asarray(postings.indptr)
         self._num_docs = matrix.num_docs
         self._nonoccurrence = matrix.nonoccurrence
         self._prune = params.method == "lucene"  # every stored score > 0: partial sums only grow
@@ -164,8 +185,31 @@ class BM25Retriever(Retriever):
         anserini = (params.method, params.doc_length) == ("lucene", "lucene")
         if anserini and self._norms is not None and matrix.avg_len is not None and matrix.doc_count is not None:
             self._inverse = inverse_norms(params.k1, params.b, matrix.avg_len)
-        self._seeds: dict[int, np.ndarray] = {}
-        self._local = threading.local()
+        if postings.mode == TF and self._inverse is None:
+            raise ValueError("BM25 postings of term frequencies need Lucene's settings, norms and avgdl")
+        p = postings
+        norms = self._norms if self._norms is not None else np.zeros(0, np.uint8)
+        inv = self._inverse if self._inverse is not None else np.zeros(0, np.float32)
+        self._kernel_arrays = (
+            p.mode, *(frozen(a, d) for a, d in ((p.indptr, np.int64), (p.bptr, np.int64), (p.block_last, np.int32),
+                      (p.block_max, np.float32), (p.rows, np.int32), (p.data, np.float32), (p.offsets, np.int64),
+                      (p.stream, np.uint8), (norms, np.uint8), (inv, np.float32))),
+            self._num_docs,
+        )  # fmt: skip
+        """What ``top_k_batch`` reads of the index: plain read-only arrays of fixed types, so that one
+        compiled version serves every index, in memory or mapped."""
+        self.threads = 1
+        self._pool: ThreadPoolExecutor | None = None
+        self.set_threads(threads)
+
+    def set_threads(self, threads: int) -> None:
+        """Search each batch on ``threads`` threads (the kernel releases the interpreter lock)."""
+        if threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        self.threads = int(threads)
+        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="bm25") if self.threads > 1 else None
 
     # -- construction -----------------------------------------------------------------------------
 
@@ -179,7 +223,8 @@ class BM25Retriever(Retriever):
         params.validate()
         store = DocStore(list(docs))
         matrix, terms = build_matrix(store._docs, params)
-        return cls(matrix, DictVocabulary({t: i for i, t in enumerate(terms)}), store, params)
+        postings = encode_postings(matrix.indptr, matrix.indices, matrix.tf, matrix.data, tf_layout(params))
+        return cls(matrix, DictVocabulary({t: i for i, t in enumerate(terms)}), store, params, postings)
 
     @classmethod
     def from_corpus(cls, path: str | Path, chunk_size: int | None = None, overlap: int = 0, **overrides):
@@ -187,13 +232,15 @@ class BM25Retriever(Retriever):
         return cls.from_documents(read_corpus(path, chunk_size, overlap), **overrides)
 
     def save(self, folder: str | Path) -> None:
-        """Write the score matrix, vocabulary and settings under ``folder/bm25`` (docs go elsewhere)."""
+        """Write the score matrix (format 1: rows and float32 scores, which every version reads),
+        vocabulary and settings under ``folder/bm25`` (docs go elsewhere)."""
         out = Path(folder) / BM25_DIR
         out.mkdir(parents=True, exist_ok=True)
         m = self.matrix
-        np.save(out / DATA_FILE, np.asarray(m.data, dtype=np.float32))
-        np.save(out / INDICES_FILE, np.asarray(m.indices, dtype=np.int32))
-        np.save(out / INDPTR_FILE, np.asarray(m.indptr, dtype=np.int64))
+        indptr, rows, data = self.csc()  # whatever the layout: rows and float32 scores (format 1)
+        np.save(out / DATA_FILE, data)
+        np.save(out / INDICES_FILE, rows)
+        np.save(out / INDPTR_FILE, indptr)
         np.save(out / TERM_MAX_FILE, m.column_max())
         if m.nonoccurrence is not None:
             np.save(out / NONOCCURRENCE_FILE, np.asarray(m.nonoccurrence, dtype=np.float32))
@@ -209,15 +256,17 @@ class BM25Retriever(Retriever):
         write_params(out, self.params, m.num_docs, len(terms), salt, m.doc_count, m.avg_len)
 
     @classmethod
-    def load(cls, folder: str | Path, docs: DocStore, mmap: bool = True) -> BM25Retriever:
-        """Open ``folder/bm25``; with ``mmap`` the score arrays stay on disk (page cache, not RSS)."""
+    def load(cls, folder: str | Path, docs: DocStore, mmap: bool = True, threads: int = 1) -> BM25Retriever:
+        """Open ``folder/bm25``; with ``mmap`` the arrays stay on disk (page cache, not RSS). An index of
+        format 2 is checked first (each file's size and CRC-32); one of format 1 (rows and scores,
+        earlier versions) is read as it is, its block bounds computed here."""
         src = Path(folder) / BM25_DIR
         saved = json.loads((src / TOKENIZER_FILE).read_text())
         params = BM25Params.from_saved(saved)
-        matrix, vocab, meta = load_matrix(src, mmap=mmap)
+        matrix, vocab, meta, postings = load_matrix(src, mmap=mmap)
         if "delta" not in saved and "delta" in meta:
             params.delta = float(meta["delta"])
-        return cls(matrix, vocab, docs, params)
+        return cls(matrix, vocab, docs, params, postings, threads)
 
     # -- search -----------------------------------------------------------------------------------
 
@@ -232,13 +281,31 @@ class BM25Retriever(Retriever):
         if w == 1:
             return vals.astype(np.float64)
         if self._inverse is not None:
-            df = int(self._indptr[t + 1] - self._indptr[t])
-            idf32 = np.float32(idf(self.params.method, df, int(self.matrix.doc_count)))
+            idf32 = np.float32(idf(self.params.method, self._df(t), int(self.matrix.doc_count)))
             return boosted_scores(vals, idf32, self._inverse[self._norms[rows]], w).astype(np.float64)
         return vals.astype(np.float64) * w
 
+    def _df(self, t: int) -> int:
+        return int(self._indptr[t + 1] - self._indptr[t])
+
+    def _column(self, t: int) -> tuple[np.ndarray, np.ndarray]:
+        """Column ``t``'s rows and float32 scores (computed from the term frequencies in layout TF)."""
+        rows, vals = self.postings.column(t)
+        if self.postings.mode == TF:
+            idf32 = np.float32(idf(self.params.method, self._df(t), int(self.matrix.doc_count)))
+            vals = term_scores(self.params, idf32, vals, LUCENE_LENGTHS[self._norms[rows]], self.matrix.avg_len)
+        return rows, vals
+
+    def csc(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The whole score matrix, decoded: (indptr int64, rows int32, float32 scores)."""
+        cols = [self._column(t) for t in range(len(self._indptr) - 1)]
+        rows = np.concatenate([c[0] for c in cols]).astype(np.int32) if cols else np.zeros(0, np.int32)
+        data = np.concatenate([c[1] for c in cols]).astype(np.float32) if cols else np.zeros(0, np.float32)
+        return self._indptr.astype(np.int64), rows, data
+
     def scores(self, query: str) -> np.ndarray | None:
-        """BM25 score of every document for ``query`` (None when no query term is in the vocabulary)."""
+        """BM25 score of every document for ``query`` (None when no query term is in the vocabulary):
+        exhaustive, column by column (the reference the kernel's top k is tested against)."""
         ids = self.term_ids(query)
         if not ids:
             return None
@@ -253,132 +320,73 @@ class BM25Retriever(Retriever):
         return scores
 
     def search(self, queries: Sequence[str], topk: int) -> list[list[Hit]]:
-        return [self._search_one(q, topk) for q in queries]
+        pyserini = self.params.tie_break == "pyserini"
+        tops = self.top_batch(list(queries), topk, ties=pyserini)
+        return [self._hits(rows, scores, topk, pyserini) for rows, scores in tops]
 
     def top(self, query: str, topk: int, ties: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """(rows, float32 scores) of the ``topk`` best documents holding a query term (every document
         for bm25l / bm25+, whose scores are shifted), by score then row; exact. ``ties``: also every
         document tied with the ``topk``-th (so that another tie-break can choose among them)."""
-        ids = self.term_ids(query)
-        if not ids or topk <= 0:
-            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
-        terms, weights = _counts(ids)
-        postings = sum(int(self._indptr[t + 1] - self._indptr[t]) for t in terms)
-        if self._nonoccurrence is not None or topk >= self._num_docs:
-            return _best(np.arange(self._num_docs), self.scores(query), topk, ties)
-        if not self._prune or postings < self.PROBE_BELOW:
-            return self._top_sorted(terms, weights, topk, ties)
-        return self._top_maxscore(np.asarray(terms), np.asarray(weights, dtype=np.float64), topk, ties)
+        return self.top_batch([query], topk, ties)[0]
 
-    def _column(self, t: int) -> tuple[np.ndarray, np.ndarray]:
-        s, e = int(self._indptr[t]), int(self._indptr[t + 1])
-        return self._indices[s:e], self._data[s:e]
-
-    def _top_sorted(
-        self, terms: list[int], weights: list[int], k: int, ties: bool = False
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Every posting of the query's columns, summed per document through a sort."""
-        cols = [self._column(t) for t in terms]
-        if len(cols) == 1:
-            (rows, vals), t, w = cols[0], terms[0], weights[0]
-            return _best(rows, self._weighted(t, w, vals, rows).astype(np.float32), k, ties)
-        rows, sums = _sum_by_row(
-            [c[0] for c in cols], [self._weighted(t, w, c[1], c[0]) for c, t, w in zip(cols, terms, weights, strict=True)]
-        )
-        return _best(rows, sums.astype(np.float32), k, ties)
-
-    def _accumulator(self) -> np.ndarray:
-        """A zeroed float64 score per document, one per thread, reused by every query (zeroed after)."""
-        acc = getattr(self._local, "acc", None)
-        if acc is None:
-            acc = self._local.acc = np.zeros(self._num_docs, dtype=np.float64)
-        return acc
-
-    def _probe(self, cand: np.ndarray, score: np.ndarray, columns, weights) -> None:
-        """Add to ``score`` (float64, per candidate row) each column's score of the candidates,
-        found by binary search in the column's ascending rows."""
-        for t, w in zip(columns, weights, strict=True):
-            rows, vals = self._column(int(t))
-            if len(rows) == 0 or len(cand) == 0:
-                continue
-            pos = np.minimum(np.searchsorted(rows, cand), len(rows) - 1)
-            hit = rows[pos] == cand
-            at = pos[hit]
-            score[hit] += self._weighted(int(t), float(w), vals[at], rows[at])
-
-    def _best_of_column(self, t: int) -> np.ndarray:
-        """Rows of the ``SEEDS`` highest scores of column ``t`` (kept for a column longer than
-        ``SEED_CACHE_DF``: the same for every query, found once)."""
-        found = self._seeds.get(t)
-        if found is not None:
-            return found
-        rows, vals = self._column(t)
-        if len(rows) <= self.SEEDS:
-            return np.asarray(rows)
-        best = np.asarray(rows[np.argpartition(-vals, self.SEEDS - 1)[: self.SEEDS]])
-        if len(rows) > self.SEED_CACHE_DF:
-            self._seeds[t] = best
-        return best
-
-    def _top_maxscore(
-        self, terms: np.ndarray, weights: np.ndarray, k: int, ties: bool = False
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """MaxScore (see the module docstring). The threshold starts from the full scores of the best
-        documents of the columns with the largest bounds (found by probing every column), so the
-        long low-IDF columns are usually never scanned, only probed for the few candidates left."""
-        # bounds a little above w x the column's largest score: a repeated term's score is rounded apart
-        bound = self.matrix.column_max()[terms].astype(np.float64) * weights * np.where(weights > 1, 1 + 1e-6, 1)
-        order = np.argsort(-bound, kind="stable")
-        terms, weights, bound = terms[order], weights[order], bound[order]
-        rest = np.concatenate([np.cumsum(bound[::-1])[::-1], [0.0]])  # rest[i] = sum of bounds i..
-        # a lower bound on the k-th best score: full scores of the best documents of the first columns
-        seed_rows = np.unique(
-            np.concatenate([self._best_of_column(int(t)) for t in terms[: self.SEED_COLUMNS]])
-        )
-        seed_score = np.zeros(len(seed_rows), dtype=np.float64)
-        self._probe(seed_rows, seed_score, terms, weights)
-        theta = (
-            float(np.partition(seed_score, len(seed_score) - k)[len(seed_score) - k])
-            if len(seed_score) >= k
-            else 0.0
-        )
-        i = 0
-        while i < len(order) and not rest[i] * (1 + 1e-9) < theta:
-            i += 1
-        scanned = [self._column(int(t)) for t in terms[:i]]
-        values = [self._weighted(int(t), w, c[1], c[0]) for c, t, w in zip(scanned, terms, weights, strict=False)]
-        if sum(len(c[0]) for c in scanned) * self.DENSE_SCAN > self._num_docs:
-            cand, score = self._sum_dense([c[0] for c in scanned], values)
+    def top_batch(self, queries: list[str], topk: int, ties: bool = False) -> list[tuple[np.ndarray, np.ndarray]]:
+        """``top`` of each query: the batch cut into chunks scored by the kernel on ``threads`` threads."""
+        none = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32))
+        if topk <= 0:
+            return [none for _ in queries]
+        if self._nonoccurrence is not None:  # every document scores: exhaustive
+            out = []
+            for q in queries:
+                full = self.scores(q)
+                out.append(none if full is None else _best(np.arange(self._num_docs), full, topk, ties))
+            return out
+        topk = min(topk, self._num_docs)  # the kernel holds k hits a query
+        plans = [self._plan(q) for q in queries]
+        n_chunks = min(len(queries), self.threads * self.CHUNKS_PER_THREAD) if self._pool else 1
+        bounds = np.linspace(0, len(queries), max(n_chunks, 1) + 1).astype(int)
+        chunks = [plans[a:z] for a, z in itertools.pairwise(bounds) if z > a]
+        if self._pool is not None and len(chunks) > 1:
+            parts = list(self._pool.map(lambda c: self._run_kernel(c, topk, ties), chunks))
         else:
-            cand, score = _sum_by_row([c[0] for c in scanned], values)
-        # the columns left, probed one by one for the candidates that can still reach theta (which
-        # rises as their scores fill in, so fewer candidates reach the longer columns that come last)
-        for j in range(i, len(order)):
-            keep = score + rest[j] * (1 + 1e-9) >= theta
-            cand, score = cand[keep], score[keep]
-            self._probe(cand, score, terms[j : j + 1], weights[j : j + 1])
-            if len(score) > k and j + 1 < len(order) and len(score) > 64:
-                theta = max(theta, float(np.partition(score, len(score) - k)[len(score) - k]))
-        return _best(cand, score.astype(np.float32), k, ties)
+            parts = [self._run_kernel(c, topk, ties) for c in chunks]
+        return [t for part in parts for t in part]
 
-    def _sum_dense(self, rows: list[np.ndarray], values: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        """``_sum_by_row`` through the thread's per-passage accumulator (long scans)."""
-        acc = self._accumulator()
-        found: list[np.ndarray] = []
-        try:
-            for r, v in zip(rows, values, strict=True):
-                before = acc[r]
-                found.append(r[before == 0.0])
-                acc[r] = before + v
-            cand = np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
-            return cand, acc[cand]
-        finally:
-            for f in found:
-                acc[f] = 0.0
+    def _plan(self, query: str) -> tuple[np.ndarray, ...]:
+        """A query's distinct columns in ascending order of their bounds, with what the kernel needs of
+        each: (columns, counts, contribution kinds, boosted idf w, idf, bounds)."""
+        ids = self.term_ids(query)
+        terms, counts = _counts(ids)
+        n = len(terms)
+        cols, cnt = np.asarray(terms, np.int64), np.asarray(counts, np.float64)
+        kinds, w32, idf32 = np.zeros(n, np.int64), np.zeros(n, np.float32), np.zeros(n, np.float32)
+        if n == 0:
+            return cols, cnt, kinds, w32, idf32, np.zeros(0, np.float64)
+        from_tf = self.postings.mode == TF
+        if from_tf or (self._inverse is not None and max(counts) > 1):
+            doc_count = int(self.matrix.doc_count)
+            for j, (t, c) in enumerate(zip(terms, counts, strict=True)):
+                if from_tf or c > 1:
+                    idf32[j] = np.float32(idf(self.params.method, self._df(t), doc_count))
+                    w32[j] = idf32[j] if c == 1 else np.float32(np.float32(c) * idf32[j])
+                    kinds[j] = FORMULA if from_tf else RECOVER
+        if not from_tf and self._inverse is None:
+            kinds[cnt > 1] = TIMES
+        bound = self.postings.col_max[cols].astype(np.float64) * cnt * np.where(cnt > 1, 1 + BOOST_MARGIN, 1)
+        order = np.argsort(bound, kind="stable")
+        return cols[order], cnt[order], kinds[order], w32[order], idf32[order], bound[order]
 
-    def _search_one(self, query: str, topk: int) -> list[Hit]:
-        pyserini = self.params.tie_break == "pyserini"
-        rows, scores = self.top(query, topk, ties=pyserini)
+    def _run_kernel(self, plans: list[tuple[np.ndarray, ...]], topk: int, ties: bool):
+        qptr = np.zeros(len(plans) + 1, np.int64)
+        np.cumsum([len(p[0]) for p in plans], out=qptr[1:])
+        flat = [np.concatenate([p[j] for p in plans]) for j in range(6)]
+        rptr, rows, scores, ok = top_k_batch(qptr, *flat, topk, ties, self._prune, *self._kernel_arrays)
+        if not ok:
+            raise CorruptIndex("the BM25 index is corrupt (a block of postings cannot be decoded); rebuild it "
+                               "with `searchr1 index build`")  # fmt: skip
+        return [(rows[rptr[q] : rptr[q + 1]], scores[rptr[q] : rptr[q + 1]]) for q in range(len(plans))]
+
+    def _hits(self, rows: np.ndarray, scores: np.ndarray, topk: int, pyserini: bool) -> list[Hit]:
         keep = scores > 0.0
         rows, scores = rows[keep], scores[keep]
         if pyserini:
@@ -423,6 +431,9 @@ class BM25Retriever(Retriever):
         return rank
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
         self.docs.close()
 
 
@@ -433,24 +444,6 @@ def _counts(ids: list[int]) -> tuple[list[int], list[int]]:
         counts[i] = counts.get(i, 0) + 1
     terms = sorted(counts)
     return terms, [counts[t] for t in terms]
-
-
-def _sum_by_row(rows: list[np.ndarray], values: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """(distinct rows ascending, float64 sum of their values) of several columns, each with ascending
-    rows: one stable sort of the concatenation (a merge of sorted runs), then a sum per row."""
-    if not rows:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
-    r = np.concatenate(rows)
-    v = np.concatenate(values)
-    if len(rows) > 1:
-        order = np.argsort(r, kind="stable")
-        r, v = r[order], v[order]
-    if len(r) == 0:
-        return r, v
-    first = np.ones(len(r), dtype=bool)
-    np.not_equal(r[1:], r[:-1], out=first[1:])
-    starts = np.flatnonzero(first)
-    return r[starts], np.add.reduceat(v, starts)
 
 
 def _best(rows: np.ndarray, scores: np.ndarray, k: int, ties: bool = False) -> tuple[np.ndarray, np.ndarray]:

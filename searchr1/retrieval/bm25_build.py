@@ -12,15 +12,16 @@ Pass 2 (``finish``). N, avgdl and each term's document frequency are known only 
 space is cut into ranges holding about ``memory_mb`` worth of postings (counted exactly from the runs'
 term tables), and each range is merged on its own: every run's terms and postings of the range are
 read, terms with the same key become one column, their postings concatenated in run order (so each
-column's passages come out ascending), scored (``bm25_index.term_scores``) and appended to the index files.
+column's passages come out ascending), scored (``bm25_index.term_scores``: each block's largest score)
+and appended to the index files as blocks of 128 postings (``bm25_blocks``).
 Columns are in key order, so the index's vocabulary hashes come out sorted, ready for the binary search
 of ``HashedVocabulary``; two terms whose first hashes collide (odds ~1e-5 for 21M terms) get separate
 columns and the vocabulary is hashed again with another salt. Memory: ``memory_mb`` of postings
 (``BYTES_PER_POSTING`` each while merged), the runs' cut points, and 8 bytes per passage (lengths).
 
 ``build_matrix`` builds the same index in memory (one run, one range) for small corpora; the streamed
-build equals it array for array. Disk while building: ~9 bytes a posting in runs (freed at the end),
-the index about as much (measured on 250k generated passages: 121 MB of runs, 129 MB of index).
+build equals it posting for posting. Disk while building: ~9 bytes a posting in runs (freed at the
+end), the index ~3 (8 before the blocks: 121 MB of runs, 129 MB of index at 250k generated passages).
 """
 
 from __future__ import annotations
@@ -38,27 +39,35 @@ from pathlib import Path
 import numpy as np
 
 from searchr1.retrieval.analysis import Analyzer
+from searchr1.retrieval.bm25_blocks import BLOCK, encode_blocks
 from searchr1.retrieval.bm25_index import (
-    DATA_FILE,
+    BLOCK_LAST_FILE,
+    BLOCK_MAX_FILE,
+    BLOCK_OFFSETS_FILE,
+    BLOCK_PTR_FILE,
     ID_KEYS_FILE,
-    INDICES_FILE,
     INDPTR_FILE,
     LUCENE_LENGTHS,
     NONOCCURRENCE_FILE,
     NONOCCURRENCE_METHODS,
     NORMS_FILE,
+    POSTINGS_FILE,
+    SCORES_FILE,
     TERM_MAX_FILE,
     VOCAB_HASH_FILE,
     VOCAB_IDS_FILE,
     VOCAB_TEXT_FILE,
     BM25Params,
     ScoreMatrix,
+    file_checksums,
     id_sort_keys,
     idf_array,
+    layout_name,
     lucene_norm,
     term_hash,
     term_scores,
     tf_component,
+    tf_layout,
     write_params,
     write_vocabulary,
 )
@@ -73,6 +82,12 @@ RANGES_PER_BUDGET = 8
 """Hash ranges cut per ``memory_mb`` worth of postings; neighbouring ones are merged together up to it."""
 RUN_BYTES_PER_POSTING = 9
 """A run's bytes a posting (6 for the posting, the rest its term's entry), measured on generated passages."""
+INDEX_BYTES_PER_POSTING = 3
+"""The index's bytes a posting (a varint row gap, a varint term frequency, 1/128 of a block's 16
+bytes of bounds and offset; layout score adds a float32): an estimate for a full disk's message."""
+INDEX_BYTES_PER_TERM = 50
+"""The index's bytes a column: pointers to its postings and blocks, its maximum, hash, id, text and
+the bounds of its last block."""
 MAX_TF = np.iinfo(np.uint16).max
 EMPTY_TERM = "\x00"
 """The one (empty) column of a corpus of stop words only."""
@@ -346,24 +361,25 @@ class ArraySink:
     """Collects the merged columns in memory (``build_matrix``)."""
 
     def __init__(self) -> None:
-        self.parts: dict[str, list] = {"h1": [], "df": [], "rows": [], "data": []}
+        self.parts: dict[str, list] = {"h1": [], "df": [], "rows": [], "data": [], "tf": []}
         self.terms: list[str] = []
         self.collision = False
 
     def add(
-        self, h1: np.ndarray, terms: list[str], df: np.ndarray, rows: np.ndarray, data: np.ndarray
+        self, h1: np.ndarray, terms: list[str], df: np.ndarray, rows: np.ndarray, data: np.ndarray, tf: np.ndarray
     ) -> None:
-        for name, arr in (("h1", h1), ("df", df), ("rows", rows), ("data", data)):
+        for name, arr in (("h1", h1), ("df", df), ("rows", rows), ("data", data), ("tf", tf)):
             self.parts[name].append(arr)
         self.terms.extend(terms)
 
     def begin_column(self, h1: int, term: str, df: int) -> None:
         self.add(np.array([h1], np.uint64), [term], np.array([df], np.int64), np.zeros(0, np.int32),
-                 np.zeros(0, np.float32))  # fmt: skip
+                 np.zeros(0, np.float32), np.zeros(0, np.uint16))  # fmt: skip
 
-    def add_part(self, rows: np.ndarray, data: np.ndarray) -> None:
+    def add_part(self, rows: np.ndarray, data: np.ndarray, tf: np.ndarray) -> None:
         self.parts["rows"].append(rows)
         self.parts["data"].append(data)
+        self.parts["tf"].append(tf)
 
     def end_column(self) -> None:
         pass
@@ -406,62 +422,101 @@ class NpyAppender:
 
 
 class FileSink:
-    """Appends the merged columns to the index files in ``out`` (the ``bm25`` folder)."""
+    """Appends the merged columns to the index files in ``out`` (the ``bm25`` folder): posting blocks
+    (``bm25_blocks``: row gaps and term frequencies, or row gaps beside float32 scores), their bounds,
+    the column pointers and maxima, the vocabulary's hashes and text."""
 
-    def __init__(self, out: Path) -> None:
+    def __init__(self, out: Path, with_tf: bool) -> None:
         self.out = out
+        self.with_tf = with_tf
         self.postings = 0
         self.terms = 0
+        self.bytes = 0
+        self.blocks = 0
         self.collision = False
         self._column: tuple[int, str, int] | None = None
+        self._carry: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._prev = -1
         self._column_max = np.float32(0)
-        opened: list = []
+        files = [("stream", POSTINGS_FILE, np.uint8), ("block_offsets", BLOCK_OFFSETS_FILE, np.int64),
+                 ("block_ptr", BLOCK_PTR_FILE, np.int64),
+                 ("block_last", BLOCK_LAST_FILE, np.int32), ("block_max", BLOCK_MAX_FILE, np.float32),
+                 ("indptr", INDPTR_FILE, np.int64), ("term_max", TERM_MAX_FILE, np.float32),
+                 ("hashes", VOCAB_HASH_FILE, np.uint64)]  # fmt: skip
+        if not with_tf:
+            files.append(("scores", SCORES_FILE, np.float32))
+        self._files: list[NpyAppender] = []
         try:
-            for name, path, dtype in (("data", DATA_FILE, np.float32), ("rows", INDICES_FILE, np.int32),
-                                      ("indptr", INDPTR_FILE, np.int64), ("term_max", TERM_MAX_FILE, np.float32),
-                                      ("hashes", VOCAB_HASH_FILE, np.uint64)):  # fmt: skip
-                opened.append(NpyAppender(out / path, dtype))
-                setattr(self, name, opened[-1])
+            for name, path, dtype in files:
+                self._files.append(NpyAppender(out / path, dtype))
+                setattr(self, name, self._files[-1])
             self.text = (out / VOCAB_TEXT_FILE).open("wb")
-            self.indptr.append(np.zeros(1, dtype=np.int64))
+            for f in (self.indptr, self.block_offsets, self.block_ptr):
+                f.append(np.zeros(1, dtype=np.int64))
         except BaseException:
-            for f in opened:
+            for f in self._files:
                 f.fh.close()
             raise
 
-    def add(
-        self, h1: np.ndarray, terms: list[str], df: np.ndarray, rows: np.ndarray, data: np.ndarray
-    ) -> None:
-        self.data.append(data)
-        self.rows.append(rows)
+    def _blocks(self, rows: np.ndarray, data: np.ndarray, tf: np.ndarray, lengths: np.ndarray, prev: np.ndarray) -> None:
+        """Encode postings (segments of ``lengths``, each following row ``prev``) as blocks."""
+        stream, sizes, last, best = encode_blocks(
+            np.asarray(rows, np.int64), np.asarray(tf, np.int64), np.asarray(data, np.float32),
+            np.asarray(lengths, np.int64), np.asarray(prev, np.int64), self.with_tf,
+        )  # fmt: skip
+        self.stream.append(stream)
+        self.block_offsets.append(self.bytes + np.cumsum(sizes))
+        self.block_last.append(last)
+        self.block_max.append(best)
+        if not self.with_tf:
+            self.scores.append(data)
+        self.bytes += len(stream)
+
+    def _columns(self, h1: np.ndarray, terms: list[str], df: np.ndarray, term_max: np.ndarray) -> None:
         self.indptr.append(self.postings + np.cumsum(df))
-        self.term_max.append(_column_max(data, df))
+        self.block_ptr.append(self.blocks + np.cumsum((df + BLOCK - 1) // BLOCK))
+        self.blocks += int(((df + BLOCK - 1) // BLOCK).sum())
+        self.term_max.append(term_max)
         self.hashes.append(h1)
         _write(self.text, "".join(t + "\n" for t in terms).encode("utf-8"))
         self.postings += int(df.sum())
         self.terms += len(terms)
 
+    def add(
+        self, h1: np.ndarray, terms: list[str], df: np.ndarray, rows: np.ndarray, data: np.ndarray, tf: np.ndarray
+    ) -> None:
+        self._blocks(rows, data, tf, df, np.full(len(df), -1, np.int64))
+        self._columns(h1, terms, df, _column_max(data, df))
+
     def begin_column(self, h1: int, term: str, df: int) -> None:
         """A column too long for one merge, written in parts (``add_part``) then ``end_column``."""
-        self._column, self._column_max = (h1, term, df), np.float32(0)
+        self._column, self._column_max, self._prev = (h1, term, df), np.float32(0), -1
+        self._carry = None
 
-    def add_part(self, rows: np.ndarray, data: np.ndarray) -> None:
-        self.data.append(data)
-        self.rows.append(rows)
+    def add_part(self, rows: np.ndarray, data: np.ndarray, tf: np.ndarray) -> None:
+        """Whole blocks of the column so far; the postings past the last whole block wait for the next part."""
+        if self._carry is not None:
+            rows, data, tf = (np.concatenate([c, x]) for c, x in zip(self._carry, (rows, data, tf), strict=True))
         if len(data):
             self._column_max = max(self._column_max, np.float32(data.max()))
+        whole = len(rows) // BLOCK * BLOCK
+        if whole:
+            self._blocks(rows[:whole], data[:whole], tf[:whole], np.array([whole]), np.array([self._prev]))
+            self._prev = int(rows[whole - 1])
+        self._carry = (rows[whole:], data[whole:], tf[whole:])
 
     def end_column(self) -> None:
         h1, term, df = self._column
-        self.add(np.array([h1], np.uint64), [term], np.array([df], np.int64), np.zeros(0, np.int32),
-                 np.zeros(0, np.float32))  # fmt: skip
-        self.term_max.fh.seek(-4, os.SEEK_END)  # the column's maximum over its parts, not over none
-        _write(self.term_max.fh, np.array([self._column_max], np.float32))
-        self._column = None
+        if self._carry is not None and len(self._carry[0]):
+            rows, data, tf = self._carry
+            self._blocks(rows, data, tf, np.array([len(rows)]), np.array([self._prev]))
+        self._columns(np.array([h1], np.uint64), [term], np.array([df], np.int64),
+                      np.array([self._column_max], np.float32))  # fmt: skip
+        self._column, self._carry = None, None
 
     def close(self) -> int:
         """Finish the files (the vocabulary's ids; hashed again on a collision); returns the salt."""
-        for f in (self.data, self.rows, self.indptr, self.term_max, self.hashes):
+        for f in self._files:
             f.close()
         self.text.flush()
         os.fsync(self.text.fileno())
@@ -476,7 +531,7 @@ class FileSink:
         return 0
 
     def abort(self) -> None:
-        for f in (self.data, self.rows, self.indptr, self.term_max, self.hashes):
+        for f in self._files:
             f.fh.close()
         self.text.close()
 
@@ -640,7 +695,7 @@ def _merge_piece(runs: Sequence, piece: Piece, params: BM25Params, stats: Corpus
             if t1 > t0:
                 docs, tf = r.slice(t0, t1)[4:]
                 data, nonocc = _scores(params, stats, df, np.zeros(len(docs), np.int64), docs, tf)
-                sink.add_part(docs.astype(np.int32), data)
+                sink.add_part(docs.astype(np.int32), data, tf)
         sink.end_column()
         return nonocc
     parts = [r.slice(t0, t1) for r, (t0, t1) in zip(runs, piece.spans, strict=True)]
@@ -671,7 +726,7 @@ def _merge_piece(runs: Sequence, piece: Piece, params: BM25Params, stats: Corpus
     del porder
     df = np.bincount(column, minlength=len(first)).astype(np.int64)
     data, nonocc = _scores(params, stats, df, column, docs, tf)
-    sink.add(col_h1, [terms[i] for i in first], df, docs.astype(np.int32), data)
+    sink.add(col_h1, [terms[i] for i in first], df, docs.astype(np.int32), data, tf)
     return nonocc
 
 
@@ -723,7 +778,7 @@ def build_matrix(docs: Sequence[Document], params: BM25Params) -> tuple[ScoreMat
     matrix = ScoreMatrix(
         a["data"].astype(np.float32), a["rows"].astype(np.int32), indptr, stats.n_docs, nonocc,
         _column_max(a["data"].astype(np.float32), a["df"].astype(np.int64)), stats.norms, run.idk,
-        stats.doc_count, stats.avg_len,
+        stats.doc_count, stats.avg_len, a["tf"].astype(np.uint16),
     )  # fmt: skip
     return matrix, sink.terms
 
@@ -807,7 +862,7 @@ class BM25StreamBuilder:
         out.mkdir(parents=True)
         sink = None
         try:
-            sink = FileSink(out)
+            sink = FileSink(out, with_tf=tf_layout(self.params))
             stats, nonocc = merge_runs(runs, self.params, sink, memory_mb, progress)
             salt = sink.close()
             if nonocc is not None:
@@ -818,7 +873,8 @@ class BM25StreamBuilder:
             for r in runs:  # one run's keys at a time
                 keys.append(r.id_keys())
             keys.close()
-            write_params(out, self.params, stats.n_docs, sink.terms, salt, stats.doc_count, stats.avg_len)
+            write_params(out, self.params, stats.n_docs, sink.terms, salt, stats.doc_count, stats.avg_len,
+                         layout=layout_name(self.params), checksums=file_checksums(out))  # fmt: skip
         except OSError as exc:
             if sink is not None:
                 sink.abort()
@@ -826,7 +882,9 @@ class BM25StreamBuilder:
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
             total = sum(r.n_postings for r in runs)
-            raise SpillDiskFull(out, int(total * 8 + sum(r.n_terms for r in runs) * 4), exc) from exc
+            per_posting = INDEX_BYTES_PER_POSTING + (0 if tf_layout(self.params) else 4)
+            needed = total * per_posting + sum(r.n_terms for r in runs) * INDEX_BYTES_PER_TERM + self.passages * 9
+            raise SpillDiskFull(out, int(needed), exc) from exc
         return stats.n_docs
 
     def remove_runs(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from searchr1.cli_common import (
@@ -162,6 +163,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     v.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     v.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="BM25: threads each batch of queries is searched on (default: the cores this process may use)",
+    )
+    v.add_argument(
         "--api-key", default=None, help="require 'Authorization: Bearer KEY' (default: env SEARCHR1_API_KEY)"
     )
     g = v.add_argument_group("limits (each answered with a 4xx that names the problem)")
@@ -290,6 +297,12 @@ def _search(args: argparse.Namespace) -> int:
     return 0
 
 
+def _usable_cores() -> int:
+    """The cores this process may run on (its affinity where the platform says, else all)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+
+
 def _serve(args: argparse.Namespace) -> int:
     from searchr1.retrieval.server import ServerLimits, run_server
 
@@ -306,7 +319,12 @@ def _serve(args: argparse.Namespace) -> int:
         limits.validate()
     except ValueError as exc:
         raise UserFacingError(str(exc)) from None
+    threads = args.threads if args.threads is not None else _usable_cores()
+    if threads < 1:
+        raise UserFacingError(f"--threads must be >= 1, got {threads}")
     retriever, cfg = _retriever_from_args(args)
+    if hasattr(retriever, "set_threads"):
+        retriever.set_threads(threads)
     docs = getattr(retriever, "docs", None)
     print(f"serving {retriever.name} on http://{args.host}:{args.port} (docs at /docs)", flush=True)
     run_server(

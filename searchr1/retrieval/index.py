@@ -17,6 +17,7 @@ from typing import Any
 
 from searchr1.retrieval.base import Retriever
 from searchr1.retrieval.bm25 import BM25Retriever
+from searchr1.retrieval.bm25_index import REBUILD, DamagedIndex
 from searchr1.retrieval.build import BuildRequest, run_build
 from searchr1.retrieval.corpus import file_sha256
 from searchr1.retrieval.dense import DenseRetriever, model_label, same_encoder
@@ -89,8 +90,10 @@ def load_index(
     nprobe: int | None = None,
     ef_search: int | None = None,
     device: str | None = None,
+    threads: int = 1,
 ) -> Retriever:
-    """Open an index folder as a retriever, checking its manifest (and ``corpus`` / ``model`` if given)."""
+    """Open an index folder as a retriever, checking its manifest (and ``corpus`` / ``model`` if given);
+    ``threads``: BM25 searches each batch on that many threads."""
     folder = Path(folder)
     manifest = Manifest.read(folder)
     check_manifest(manifest, folder, corpus, model)
@@ -104,11 +107,14 @@ def load_index(
         )
     try:
         if manifest.retriever == "bm25":
-            return BM25Retriever.load(folder, docs, mmap=mmap)
+            return BM25Retriever.load(folder, docs, mmap=mmap, threads=threads)
         if manifest.retriever == "dense":
             return DenseRetriever.load(
                 folder, docs, model=model, nprobe=nprobe, ef_search=ef_search, device=device
             )
     except FileNotFoundError as exc:
         raise IndexLoadError(f"index {folder} is incomplete: {exc.filename} is missing") from exc
+    except DamagedIndex as exc:
+        how = REBUILD.replace("CORPUS", manifest.corpus or "CORPUS").replace("FOLDER", str(folder))
+        raise IndexLoadError(str(exc).replace(REBUILD, how)) from None
     raise IndexLoadError(f"index {folder}: unknown retriever {manifest.retriever!r} in {MANIFEST}")

@@ -1,0 +1,398 @@
+"""The compiled BM25 top-k kernel: document-at-a-time MaxScore with per-block bounds, without the GIL.
+
+Postings are read in blocks of ``BLOCK`` (128): each block has its last passage row and its largest
+score (``block_last``, ``block_max``), so a cursor moves past whole blocks without decoding them.
+A query's terms are ordered by their upper bound ``U_i`` (the column's largest score times the
+term's count in the query); with ``theta`` the k-th best score so far, the terms whose bounds sum to
+less than ``theta`` are *non-essential* (MaxScore: Turtle & Flood, 1995, "Query evaluation:
+strategies and optimizations"): no passage holding only them can enter the top k, so only the
+passages of the other (essential) terms are visited, in row order, and the non-essential terms are
+probed for those. Per-block bounds tighten this (Block-Max MaxScore: Chakrabarti, Chaudhuri & Ganti,
+2011, "Interval-based pruning for top-k processing over compressed lists"; Mallia et al., 2019,
+"An experimental study of index compression and DAAT query processing methods"): for the window
+``[cur, R]`` that every term's current block covers, the sum of those blocks' largest scores bounds
+every passage in it; when it is below ``theta`` the whole window is skipped, and the non-essential
+probes of a passage stop as soon as its partial score plus the blocks' bounds left falls below it.
+
+A passage's score is summed in float64 in the order of decreasing term bounds and rounded to float32,
+as Lucene reports it; the top k are the best by (float32 score desc, row asc), and with ``ties`` also
+every passage tied with the k-th (Anserini orders those by id afterwards). Pruning compares
+``float32(bound (1 + 1e-9)) < theta``: float32 rounding is monotone, so a skipped passage scores
+strictly below the k-th (a tie is never skipped); the 1e-9 covers float64 rounding of the sums.
+
+Posting layouts (``mode``): RAW (rows int32 + float32 scores: indexes of earlier versions and in-memory
+ones), TF (varint row gaps and term frequencies in one byte stream; the score computed here, in
+float32, from the term frequency and the passage's one-byte Lucene norm exactly as ``term_scores``
+computes it at build time: ``w - w / (1 + tf inv[norm])``) and SCORE (varint row gaps, float32 scores
+beside them: methods other than Lucene's). A query term repeated n times is one clause boosted by n
+(``bm25_index.boosted_scores``): ``w = float32(n idf)`` in the formula above (TF), the term frequency
+recovered from the stored score first (RAW, Lucene's settings), else n x the score.
+
+Everything here runs with ``nogil``: a search thread releases the interpreter lock for the whole
+batch it scores.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+BLOCK = 128
+"""Postings per block."""
+RAW, TF, SCORE = 0, 1, 2
+"""Posting layouts (see the module docstring)."""
+PLAIN, FORMULA, RECOVER, TIMES = 0, 1, 2, 3
+"""How a term's posting becomes its contribution: the stored score; Lucene's formula from tf; tf
+recovered from the stored score, then the formula; the stored score times the count."""
+END = np.int64(2**62)
+"""The row of an exhausted cursor."""
+MARGIN = 1e-9
+"""Relative margin of the float64 sums of bounds (their rounding)."""
+BOOST_MARGIN = 1e-6
+"""A boosted term's score may exceed count x its single score by float32 rounding: its bound's margin."""
+MAX_TF = 65535.0
+
+
+class CorruptIndex(ValueError):
+    """A block of postings that cannot be what the build wrote."""
+
+
+@njit(nogil=True, cache=True)
+def _varint(stream: np.ndarray, p: int, end: int) -> tuple[int, int]:
+    """(value, next position) of the LEB128 varint at ``p``; -1 as the value when it overruns ``end``."""
+    v, shift = 0, 0
+    while True:
+        if p >= end or shift > 35:
+            return -1, p
+        byte = np.int64(stream[p])
+        p += 1
+        v |= (byte & 0x7F) << shift
+        if byte < 128:
+            return v, p
+        shift += 7
+
+
+@njit(nogil=True, cache=True)
+def decode_block(
+    mode: int, b: int, first: int, n: int, prev: int, rows: np.ndarray, data: np.ndarray,
+    offsets: np.ndarray, stream: np.ndarray, num_docs: int, last: int, out_docs: np.ndarray,
+    out_vals: np.ndarray,
+) -> bool:  # fmt: skip
+    """Block ``b`` (``n`` postings from posting ``first``; ``prev`` the column's row before it, -1 for
+    none) into ``out_docs[:n]`` / ``out_vals[:n]``; False when its bytes cannot be a block (rows not
+    ascending, beyond the corpus, not ending at ``last``, or overrunning the block)."""
+    if mode == RAW:
+        for j in range(n):
+            out_docs[j] = rows[first + j]
+            out_vals[j] = data[first + j]
+        return True
+    p, end = offsets[b], offsets[b + 1]
+    doc = prev
+    for j in range(n):
+        gap, p = _varint(stream, p, end)
+        if gap < 1:
+            return False
+        doc += gap
+        out_docs[j] = doc
+        if mode == TF:
+            tf, p = _varint(stream, p, end)
+            if tf < 1:
+                return False
+            out_vals[j] = np.float32(tf)
+        else:
+            out_vals[j] = data[first + j]
+    return p == end and doc == last and doc < num_docs
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def _recover_tf(s: np.float32, idf: np.float32, inv: np.float32) -> np.float32:
+    """The term frequency whose Lucene score is the stored ``s`` (``bm25_index.boosted_scores``)."""
+    one = np.float32(1.0)
+    est = (np.float64(idf) / (np.float64(idf) - np.float64(s)) - 1.0) / np.float64(inv)
+    if np.isnan(est):
+        tf = np.float32(1.0)
+    elif est > MAX_TF:
+        tf = np.float32(MAX_TF)
+    elif est < 1.0:
+        tf = one
+    else:
+        tf = np.float32(np.rint(est))
+    for step in (-1.0, 1.0):
+        if idf - idf / (one + tf * inv) != s:
+            tf = max(tf + np.float32(step), one)
+    if idf - idf / (one + tf * inv) != s:
+        tf -= one
+    return tf
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def _contribution(
+    kind: int, v: np.float32, doc: int, w32: np.float32, idf32: np.float32, count: float,
+    norms: np.ndarray, inv: np.ndarray,
+) -> float:  # fmt: skip
+    one = np.float32(1.0)
+    if kind == PLAIN:
+        return np.float64(v)
+    if kind == FORMULA:
+        return np.float64(w32 - w32 / (one + v * inv[norms[doc]]))
+    if kind == RECOVER:
+        i = inv[norms[doc]]
+        tf = _recover_tf(v, idf32, i)
+        return np.float64(w32 - w32 / (one + tf * i))
+    return np.float64(v) * count
+
+
+@njit(nogil=True, cache=True)
+def _worse(s1: np.float32, r1: int, s2: np.float32, r2: int) -> bool:
+    return s1 < s2 or (s1 == s2 and r1 > r2)
+
+
+@njit(nogil=True, cache=True)
+def _sift_down(hs: np.ndarray, hr: np.ndarray, n: int, i: int) -> None:
+    """Restore the heap (root = the worst hit) below ``i``."""
+    while True:
+        c = 2 * i + 1
+        if c >= n:
+            return
+        if c + 1 < n and _worse(hs[c + 1], hr[c + 1], hs[c], hr[c]):
+            c += 1
+        if not _worse(hs[c], hr[c], hs[i], hr[i]):
+            return
+        hs[i], hs[c] = hs[c], hs[i]
+        hr[i], hr[c] = hr[c], hr[i]
+        i = c
+
+
+@njit(nogil=True, cache=True)
+def _sift_up(hs: np.ndarray, hr: np.ndarray, i: int) -> None:
+    while i > 0:
+        p = (i - 1) // 2
+        if not _worse(hs[i], hr[i], hs[p], hr[p]):
+            return
+        hs[i], hs[p] = hs[p], hs[i]
+        hr[i], hr[p] = hr[p], hr[i]
+        i = p
+
+
+@njit(nogil=True, cache=True)
+def _skip(bound: float, theta: np.float32, ties: bool) -> bool:
+    """Whether a passage whose score is at most ``bound`` cannot enter the top k (nor tie the k-th)."""
+    b32 = np.float32(bound * (1.0 + MARGIN))
+    return b32 < theta or (not ties and b32 == theta)
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def top_k(
+    cols: np.ndarray, counts: np.ndarray, kinds: np.ndarray, w32: np.ndarray, idf32: np.ndarray,
+    bounds: np.ndarray, k: int, ties: bool, prune: bool, mode: int, indptr: np.ndarray,
+    bptr: np.ndarray, block_last: np.ndarray, block_max: np.ndarray, rows: np.ndarray,
+    data: np.ndarray, offsets: np.ndarray, stream: np.ndarray, norms: np.ndarray, inv: np.ndarray,
+    num_docs: int,
+) -> tuple[np.ndarray, np.ndarray, bool]:  # fmt: skip
+    """(rows, float32 scores, ok) of the ``k`` best passages holding a query term, by score desc then
+    row asc (``ties``: and every passage tied with the k-th). ``cols`` are the query's distinct
+    columns sorted by ascending ``bounds`` (each column's largest score x ``counts``, with margin);
+    ``ok`` is False when a block's bytes are corrupt."""
+    nt = len(cols)
+    cur_block = np.empty(nt, np.int64)
+    end_block = np.empty(nt, np.int64)
+    dec_block = np.full(nt, -1, np.int64)
+    pos = np.zeros(nt, np.int64)
+    size = np.zeros(nt, np.int64)
+    doc = np.empty(nt, np.int64)
+    factor = np.empty(nt, np.float64)  # block bound = block_max x factor
+    buf_docs = np.empty((nt, BLOCK), np.int64)
+    buf_vals = np.empty((nt, BLOCK), np.float32)
+    prefix = np.empty(nt, np.float64)  # sum of bounds of terms 0..i
+    near = np.zeros(nt, np.float64)  # per non-essential term: its block bound at the candidate
+    acc = 0.0
+    for i in range(nt):
+        t = cols[i]
+        cur_block[i], end_block[i] = bptr[t], bptr[t + 1]
+        factor[i] = counts[i] * (1.0 + BOOST_MARGIN) if counts[i] > 1 else 1.0
+        acc += bounds[i]
+        prefix[i] = acc
+        doc[i] = -1
+    hs = np.empty(max(k, 1), np.float32)
+    hr = np.empty(max(k, 1), np.int64)
+    hn = 0
+    ts = np.empty(16, np.float32)
+    tr = np.empty(16, np.int64)
+    tn = 0
+    neg_inf = np.float32(-np.inf)
+
+    # -- cursors: seek(i, target) puts term i on its first posting with row >= target ---------------
+    def seek(i, target):
+        b = cur_block[i]
+        e = end_block[i]
+        while b < e and block_last[b] < target:
+            b += 1
+        cur_block[i] = b
+        if b == e:
+            doc[i] = END
+            return True
+        if dec_block[i] != b:
+            t = cols[i]
+            first = indptr[t] + (b - bptr[t]) * BLOCK
+            n = min(BLOCK, indptr[t + 1] - first)
+            prev = np.int64(block_last[b - 1]) if b > bptr[t] else np.int64(-1)
+            if not decode_block(mode, b, first, n, prev, rows, data, offsets, stream, num_docs,
+                                np.int64(block_last[b]), buf_docs[i], buf_vals[i]):  # fmt: skip
+                return False
+            dec_block[i] = b
+            size[i] = n
+            pos[i] = 0
+        p = pos[i]
+        while buf_docs[i, p] < target:
+            p += 1
+        pos[i] = p
+        doc[i] = buf_docs[i, p]
+        return True
+
+    def shallow(i, target):
+        """The block of term i that would hold ``target`` (moved to without decoding), or -1."""
+        b = cur_block[i]
+        e = end_block[i]
+        while b < e and block_last[b] < target:
+            b += 1
+        cur_block[i] = b
+        return b if b < e else -1
+
+    def score_of(i):
+        return _contribution(kinds[i], buf_vals[i, pos[i]], doc[i], w32[i], idf32[i], counts[i], norms, inv)
+
+    ok = True
+    for i in range(nt):
+        ok = ok and seek(i, 0)
+    ne = 0  # terms 0..ne-1 are non-essential
+    while ok:
+        theta = hs[0] if hn == k else neg_inf
+        if prune and hn == k:
+            while ne < nt and _skip(prefix[ne], theta, ties):
+                ne += 1
+        if ne == nt:
+            break
+        cur = END
+        for i in range(ne, nt):
+            if doc[i] < cur:
+                cur = doc[i]
+        if cur == END:
+            break
+        if prune and hn == k:
+            # the window [cur, r] inside every term's current block: one bound for all of it
+            r = END
+            for i in range(ne, nt):
+                if doc[i] != END:
+                    r = min(r, np.int64(block_last[cur_block[i]]))
+            for i in range(ne):
+                b = shallow(i, cur)
+                if b >= 0:
+                    r = min(r, np.int64(block_last[b]))
+            window = 0.0
+            for i in range(ne, nt):
+                if doc[i] <= r:
+                    window += block_max[cur_block[i]] * factor[i]
+            for i in range(ne):
+                b = cur_block[i]
+                near[i] = block_max[b] * factor[i] if b < end_block[i] else 0.0
+                window += near[i]
+            if _skip(window, theta, ties):
+                for i in range(ne, nt):
+                    if doc[i] <= r:
+                        ok = ok and seek(i, r + 1)
+                continue
+        score = 0.0
+        for i in range(nt - 1, ne - 1, -1):
+            if doc[i] == cur:
+                score += score_of(i)
+                ok = ok and seek(i, cur + 1)
+        if ne > 0:
+            pruning = prune and hn == k
+            rest = 0.0
+            if pruning:
+                for i in range(ne):
+                    rest += near[i]
+            dropped = False
+            for i in range(ne - 1, -1, -1):
+                if pruning:
+                    if _skip(score + rest, theta, ties):
+                        dropped = True
+                        break
+                    rest -= near[i]
+                ok = ok and seek(i, cur)
+                if doc[i] == cur:
+                    score += score_of(i)
+            if dropped:
+                continue
+        s = np.float32(score)
+        if hn < k:
+            hs[hn], hr[hn] = s, cur
+            _sift_up(hs, hr, hn)
+            hn += 1
+        elif s > hs[0]:
+            old_s, old_r = hs[0], hr[0]
+            hs[0], hr[0] = s, cur
+            _sift_down(hs, hr, hn, 0)
+            if ties:
+                if hs[0] > old_s:
+                    tn = 0
+                else:
+                    if tn == len(ts):
+                        ts, tr = _grow(ts, tr)
+                    ts[tn], tr[tn] = old_s, old_r
+                    tn += 1
+        elif ties and s == hs[0]:
+            if tn == len(ts):
+                ts, tr = _grow(ts, tr)
+            ts[tn], tr[tn] = s, cur
+            tn += 1
+    out_s = np.concatenate((hs[:hn], ts[:tn]))
+    out_r = np.concatenate((hr[:hn], tr[:tn]))
+    order = np.argsort(out_r, kind="mergesort")
+    out_s, out_r = out_s[order], out_r[order]
+    order = np.argsort(-out_s, kind="mergesort")
+    return out_r[order], out_s[order], ok
+
+
+@njit(nogil=True, cache=True)
+def _grow(ts: np.ndarray, tr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    s = np.empty(2 * len(ts), ts.dtype)
+    r = np.empty(2 * len(tr), tr.dtype)
+    s[: len(ts)] = ts
+    r[: len(tr)] = tr
+    return s, r
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def top_k_batch(
+    qptr: np.ndarray, cols: np.ndarray, counts: np.ndarray, kinds: np.ndarray, w32: np.ndarray,
+    idf32: np.ndarray, bounds: np.ndarray, k: int, ties: bool, prune: bool, mode: int,
+    indptr: np.ndarray, bptr: np.ndarray, block_last: np.ndarray, block_max: np.ndarray,
+    rows: np.ndarray, data: np.ndarray, offsets: np.ndarray, stream: np.ndarray, norms: np.ndarray,
+    inv: np.ndarray, num_docs: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:  # fmt: skip
+    """``top_k`` of each query ``q`` (its terms at ``qptr[q]:qptr[q+1]`` of the flat arrays): (result
+    pointers, rows, scores, ok), query q's hits at ``rptr[q]:rptr[q+1]``."""
+    nq = len(qptr) - 1
+    rptr = np.zeros(nq + 1, np.int64)
+    out_r = np.empty(max(16, nq * k), np.int64)
+    out_s = np.empty(max(16, nq * k), np.float32)
+    n = 0
+    for q in range(nq):
+        a, z = qptr[q], qptr[q + 1]
+        if z > a:
+            r, s, ok = top_k(cols[a:z], counts[a:z], kinds[a:z], w32[a:z], idf32[a:z], bounds[a:z], k, ties,
+                             prune, mode, indptr, bptr, block_last, block_max, rows, data, offsets, stream,
+                             norms, inv, num_docs)  # fmt: skip
+            if not ok:
+                return rptr, out_r[:0], out_s[:0], False
+            if n + len(r) > len(out_r):
+                grown_r = np.empty(2 * (n + len(r)), np.int64)
+                grown_s = np.empty(2 * (n + len(r)), np.float32)
+                grown_r[:n], grown_s[:n] = out_r[:n], out_s[:n]
+                out_r, out_s = grown_r, grown_s
+            out_r[n : n + len(r)] = r
+            out_s[n : n + len(r)] = s
+            n += len(r)
+        rptr[q + 1] = n
+    return rptr, out_r[:n], out_s[:n], True

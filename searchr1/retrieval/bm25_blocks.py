@@ -19,6 +19,12 @@ from numba import njit
 
 from searchr1.retrieval.bm25_kernel import BLOCK, RAW, SCORE, TF, decode_block
 
+REBUILD = "rebuild it with `searchr1 index build --corpus CORPUS --out FOLDER`"
+
+
+class DamagedIndex(ValueError):
+    """An index file whose bytes are not those the build wrote (truncated, corrupted, missing)."""
+
 _EMPTY_I32 = np.zeros(0, np.int32)
 _EMPTY_F32 = np.zeros(0, np.float32)
 _EMPTY_U8 = np.zeros(0, np.uint8)
@@ -82,8 +88,6 @@ class Postings:
 
     def check(self, num_docs: int) -> None:
         """Refuse (one line) arrays that do not fit together, before the kernel reads them unchecked."""
-        from searchr1.retrieval.bm25_index import REBUILD, DamagedIndex
-
         nb = len(self.block_last)
         problems = [
             (len(self.bptr) != len(self.indptr), "block pointers and column pointers differ in length"),

@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 
 from searchr1.retrieval.analysis import Analyzer, make_analyzer
+from searchr1.retrieval.bm25_blocks import REBUILD, DamagedIndex, Postings
+from searchr1.retrieval.bm25_kernel import SCORE, TF
 
 BM25_DIR = "bm25"
 TOKENIZER_FILE = "tokenizer.json"
@@ -386,12 +388,6 @@ def file_checksums(folder: Path) -> dict[str, list[int]]:
             if p.is_file() and p.name not in CHECKSUM_SKIP}  # fmt: skip
 
 
-class DamagedIndex(ValueError):
-    """An index file whose bytes are not those the build wrote (truncated, corrupted, missing)."""
-
-
-REBUILD = "rebuild it with `searchr1 index build --corpus CORPUS --out FOLDER`"
-
 
 def verify_checksums(src: Path, checksums: dict[str, list[int]]) -> None:
     """Refuse (one line) a file of ``src`` whose size or CRC-32 differs from what the build recorded."""
@@ -459,9 +455,6 @@ def load_matrix(src: Path, mmap: bool = True, verify: bool = True) -> tuple[Scor
 
 
 def _load_arrays(src: Path, meta: dict, mmap: bool, blocks: bool) -> tuple[ScoreMatrix, object, dict, Any]:
-    from searchr1.retrieval.bm25_blocks import Postings
-    from searchr1.retrieval.bm25_kernel import SCORE, TF
-
     mode = "r" if mmap else None
 
     def opt(name: str, mapped: bool = True):

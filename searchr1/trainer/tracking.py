@@ -17,6 +17,7 @@ from typing import Any
 
 PROGRESS_KEYS = (
     ("reward/mean", "R"),
+    ("warmstart/loss", "loss"),
     ("reward/em", "EM"),
     ("rollout/searches", "srch"),
     ("rollout/search_failure_rate", "srch_fail"),

@@ -255,7 +255,7 @@ class WarmStart:
                 return
             loss = self.train_step(self.steps[self.step])
             done += 1
-            bar.update({"reward/mean": -loss})
+            bar.update({"warmstart/loss": loss})
             every = self.wcfg.save_every
             if (every and self.step % every == 0) or self.step == len(self.steps):
                 _save_state(self.out_dir / STATE_FILE, self.state_dict())

@@ -12,6 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from searchr1.rollout.types import Role
 
 CORPUS = [
@@ -157,3 +159,14 @@ class ForceSearch:
 def constant_reward(ctx: Any) -> float:
     """The same reward for every trajectory: no group has any advantage."""
     return 0.5
+
+
+class FixedLogprobs(torch.nn.Module):
+    """An 'actor' whose log-probs are its parameter (so the gradient is d loss / d log pi)."""
+
+    def __init__(self, logprobs: torch.Tensor) -> None:
+        super().__init__()
+        self.theta = torch.nn.Parameter(logprobs.clone())
+
+    def forward(self, input_ids: Any, attention_mask: Any, *, target_mask: Any, temperature: float, return_entropy: bool = False) -> Any:
+        return self.theta, torch.zeros_like(self.theta)

@@ -175,17 +175,6 @@ def test_policy_shaping_gradient_against_a_hand_value():
     assert float(loss) == pytest.approx(value, rel=1e-5)
 
 
-class FixedLogprobs(torch.nn.Module):
-    """An 'actor' whose log-probs are its parameter (so the gradient is d loss / d log pi)."""
-
-    def __init__(self, logprobs: torch.Tensor) -> None:
-        super().__init__()
-        self.theta = torch.nn.Parameter(logprobs.clone())
-
-    def forward(self, input_ids, attention_mask, *, target_mask, temperature, return_entropy=False):
-        return self.theta, torch.zeros_like(self.theta)
-
-
 def test_gold_rows_are_trained_by_policy_shaping_alone_never_by_the_ppo_loss():
     """Row 0 fresh (advantage -1; the on-policy fast path: ratio 1), row 1 gold (advantage +1; the policy
     gives its tokens 0.05, 0.5, 0.9), N = 5 trained tokens, token-mean: d loss / d log pi is -A / N on the
@@ -207,7 +196,7 @@ def test_gold_rows_are_trained_by_policy_shaping_alone_never_by_the_ppo_loss():
         extras={"gold": torch.tensor([False, True])},
     )  # old_logprobs None: the on-policy fast path (trainer.on_policy_logprobs)
     algo = AlgorithmConfig(clip_ratio_low=0.2, clip_ratio_high=0.2, use_kl_loss=False, loss_agg="token-mean")
-    actor = FixedLogprobs(current)
+    actor = rlworld.FixedLogprobs(current)
     settings = UpdateSettings(1, 1, 2, 0, 1.0, 1.0, True, False, 0, shaping_gamma=gamma)
     step = _Step(actor, None, None, None, algo, settings, DistInfo(), torch.device("cpu"), False, None)
     sums = MetricSums()

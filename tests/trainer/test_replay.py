@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import rlworld
 import torch
 
 from searchr1.algorithms.aggregation import AggNorms
@@ -85,17 +86,6 @@ def test_replayed_rows_carry_their_behaviour_logprobs():
     assert not extras["behaviour_logprobs"][0].any()
 
 
-class FixedLogprobs(torch.nn.Module):
-    """An 'actor' whose log-probs are its parameter (so the gradient is d loss / d log pi)."""
-
-    def __init__(self, logprobs: torch.Tensor) -> None:
-        super().__init__()
-        self.theta = torch.nn.Parameter(logprobs.clone())
-
-    def forward(self, input_ids, attention_mask, *, target_mask, temperature, return_entropy=False):
-        return self.theta, torch.zeros_like(self.theta)
-
-
 def test_replayed_ratio_and_clipping_against_a_hand_computation():
     """Row 0 fresh (on-policy fast path: ratio 1), advantage -1; row 1 replayed, advantage +1, sampled
     by mu with probabilities 0.25, 0.3, 0.5 where the current policy gives 0.5, 0.3, 0.9."""
@@ -115,7 +105,7 @@ def test_replayed_ratio_and_clipping_against_a_hand_computation():
         extras={"replayed": torch.tensor([False, True]), "behaviour_logprobs": mu},
     )  # old_logprobs None: the on-policy fast path (trainer.on_policy_logprobs)
     algo = AlgorithmConfig(clip_ratio_low=0.2, clip_ratio_high=0.2, use_kl_loss=False, loss_agg="token-mean")
-    actor = FixedLogprobs(current)
+    actor = rlworld.FixedLogprobs(current)
     step = _Step(actor, None, None, None, algo,
                  UpdateSettings(1, 1, 2, 0, 1.0, 1.0, True, False, 0), DistInfo(), torch.device("cpu"),
                  False, None)  # fmt: skip

@@ -231,6 +231,16 @@ def prompt_messages(question: str, template: str = "base") -> list[dict[str, str
     return [{"role": "user", "content": fill_template(loaded, question)}]
 
 
+def template_messages(template: str = "base") -> list[dict[str, str]]:
+    """The chat messages of ``template`` with its ``{question}`` slot still open (what a prompt file holds):
+    ``prompt_messages`` of a question would end the slot with a question mark (``{question}?``) and every
+    question read back from such a file would end in two."""
+    loaded = load_template(template)
+    if isinstance(loaded, list):
+        return loaded
+    return [{"role": "user", "content": loaded}]
+
+
 def render_messages(messages: list[dict[str, str]], template: str = "base", tokenizer: object = None) -> str:
     """The prompt string for already built messages: the tokenizer's chat template (with the
     generation prompt) for chat templates (``is_chat_template``), else the joined contents."""

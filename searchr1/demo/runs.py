@@ -547,13 +547,13 @@ def run_learning_demo(
 def _summary(per_seed: dict[str, Any], settings: DemoSettings, model_dir: Path, t_start: float) -> dict:
     from dataclasses import asdict
 
-    from searchr1.data.prompts import prompt_messages
+    from searchr1.data.prompts import template_messages
 
     return {
         "seeds": per_seed,
         "mean": mean_row(list(per_seed.values())),
         "settings": asdict(settings),
         "starting_model": {"name": settings.model, "path": str(model_dir)},
-        "prompt": prompt_messages("{question}", settings.template),
+        "prompt": template_messages(settings.template),
         "seconds": time.perf_counter() - t_start,
     }

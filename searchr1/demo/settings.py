@@ -152,10 +152,10 @@ def algorithm_overrides(name: str) -> list[str]:
 
 def write_prompt(out: Path, template: str, name: str = PROMPT_FILE) -> Path:
     """The prompt of a template as chat messages (``{question}`` marks the question) in ``out/name``."""
-    from searchr1.data.prompts import prompt_messages
+    from searchr1.data.prompts import template_messages
 
     path = out / name
-    path.write_text(json.dumps(prompt_messages("{question}", template), indent=2) + "\n")
+    path.write_text(json.dumps(template_messages(template), indent=2) + "\n")
     return path
 
 

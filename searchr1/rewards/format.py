@@ -6,7 +6,9 @@ A valid response is
 
 with every tag balanced and nothing but white space outside the tags. Chat-template markers such
 as ``<|im_end|>`` / ``<|endoftext|>`` / ``</s>`` are ignored, so the same check works for base and instruct
-models. A response carrying the rollout's invalid-action message is invalid (text outside tags).
+models. A response carrying the rollout's invalid-action message is invalid (text outside tags). The
+last-search notice the rollout writes right after an observation (``rollout.last_search_notice``) is part of
+that observation, not text of the model's: it does not make a response invalid.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from searchr1.data.prompts import (
     ANSWER_OPEN,
     INFO_CLOSE,
     INFO_OPEN,
+    LAST_SEARCH_NOTICE,
     SEARCH_CLOSE,
     SEARCH_OPEN,
     TAGS,
@@ -28,6 +31,7 @@ from searchr1.data.prompts import (
 
 _SPECIAL_MARKER = re.compile(r"<\|[^|<>]{1,40}\|>|</s>|<eos>|<pad>")
 _INFO_CONTENT = re.compile(re.escape(INFO_OPEN) + r".*?" + re.escape(INFO_CLOSE), flags=re.DOTALL)
+_NOTICE_AFTER_INFO = re.compile(re.escape(INFO_CLOSE) + r"(\s*)" + re.escape(LAST_SEARCH_NOTICE.strip()))
 _SPLIT = re.compile("(" + "|".join(re.escape(t) for t in TAGS) + ")")
 
 # state -> {tag: next state}. States named "in_*" accept any text; the others only white space.
@@ -60,6 +64,7 @@ def check_format(response: str) -> FormatResult:
     text = _SPECIAL_MARKER.sub("", response)
     # Retrieved text is opaque: a document that quotes a tag does not break the structure.
     text = _INFO_CONTENT.sub(INFO_OPEN + INFO_CLOSE, text)
+    text = _NOTICE_AFTER_INFO.sub(INFO_CLOSE + r"\1", text)
     for open_tag, close_tag in zip(TAGS[::2], TAGS[1::2], strict=True):
         if text.count(open_tag) != text.count(close_tag):
             return FormatResult(

@@ -16,6 +16,7 @@ from searchr1.data.prompts import (
     prompt_messages,
     resolve_template,
 )
+from searchr1.demo.settings import write_prompt
 
 
 @pytest.fixture(scope="module")
@@ -123,6 +124,18 @@ def test_chat_message_file_template(tmp_path, tok):
     path.write_text("[not json")
     with pytest.raises(ValueError, match="not valid json"):
         build_prompt("q", str(path), tok)
+
+
+@pytest.mark.parametrize("template", ["instruct_2hop", "base"])
+def test_a_written_prompt_file_gives_back_each_question_with_one_question_mark(tmp_path, tok, template):
+    """The demo writes its template to prompt.json and runs every question through that file: the slot
+    stays open there, so "When was X founded?" is asked as written (it read "founded??" before)."""
+    path = write_prompt(tmp_path, template)
+    assert "{question}?" not in path.read_text()
+    messages = prompt_messages("When was Gubed Works founded?", str(path))
+    assert messages == prompt_messages("When was Gubed Works founded?", template)
+    assert "When was Gubed Works founded?" in messages[-1]["content"]
+    assert "??" not in messages[-1]["content"]
 
 
 def test_auto_is_the_chat_template_when_the_tokenizer_has_one_else_base(tok):

@@ -90,10 +90,11 @@ rounds and their rows are under ``earlier_rounds`` in the JSON."""
 
 
 def command(name: str, seeds: list[int], runs: Path, jobs: int) -> list[str]:
+    """The ``searchr1 demo`` call of variant ``name`` on ``seeds``, its run folder ``runs``."""
     spec = VARIANTS[name]
     cmd = [
         "searchr1", "demo", "--only", "search", "--seeds", *map(str, seeds), "--jobs", str(jobs),
-        "--nq-sample", "", "--hotpotqa-sample", "", "--out", str(runs / name),
+        "--nq-sample", "", "--hotpotqa-sample", "", "--out", str(runs),
     ]  # fmt: skip
     if spec.get("steps"):
         cmd += ["--steps", str(spec["steps"])]
@@ -227,11 +228,14 @@ def main() -> int:
         if previous.get("rows"):
             earlier.append({k: previous[k] for k in previous if k != "earlier_rounds"})
         previous = {"rows": [], "earlier_rounds": earlier}
-    rows = [r for r in previous.get("rows", []) if r["variant"] not in args.variants]
+    # a (variant, seed) measured again replaces its row; every other row stays (seeds land one call at a time)
+    asked = {(v, s) for v in args.variants for s in args.seeds}
+    rows = [r for r in previous.get("rows", []) if (r["variant"], r["seed"]) not in asked]
     for name in args.variants:
-        cmd = command(name, args.seeds, args.runs, args.jobs)
-        summary_file = args.runs / name / "summary.json"
-        load_file = args.runs / name / "load_average.json"
+        folder = args.runs / name / ("seeds_" + "_".join(map(str, args.seeds)))
+        cmd = command(name, args.seeds, folder, args.jobs)
+        summary_file = folder / "summary.json"
+        load_file = folder / "load_average.json"
         if not summary_file.is_file():
             print(f"sweep: {name}: {shlex.join(cmd)}", file=sys.stderr, flush=True)
             t0, before = time.time(), os.getloadavg()

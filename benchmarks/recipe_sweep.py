@@ -80,11 +80,23 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "steps": 8,
         "template": "instruct_2shot",
     },
+    "warm192_rl4_decide": {
+        "about": "warm192_rl4 with decision groups (issue 47, part 3): 4 of a step's 8 groups continue all their "
+        "rollouts from the gold prefix that ends after the first passage (the question's first gold search and "
+        "its real hits), half single-hop and half two-hop, so the 4 continuations of one decision point compare "
+        "searching again with answering; a search after every gold passage was found costs 0.2 "
+        "(reward.step_superfluous): searching twice on a single-hop question ranks below answering",
+        "set": [*RECIPE, *GUIDED, *BUDGET, *WARM, "warmstart.epochs=1", "warmstart.max_examples=192",
+                "trainer.actor_lr=5.0e-4", "guidance.decision_groups=4", "reward.step_superfluous=0.2"],
+        "steps": 4,
+    },
 }  # fmt: skip
 """This round's variants (issue 47): a warm start before RL, two splits of about the same time between
 imitation and RL (defined after a pilot on development seed 200, before any tuning seed ran), and the first
 of them with a prompt that shows both sides of the decision (added while the first two ran, before any of
-their tuning rows was read); a variant's ``template`` is the demo's ``--template``. A run takes ~40 minutes on this round's machine (2 AVX2 cores shared with other work),
+their tuning rows was read), and the second of them with decision groups (``warm192_rl4_decide``, added after
+the RL drift to searching twice on every question was seen: no tuning row of it has run yet); a variant's
+``template`` is the demo's ``--template``. A run takes ~40 minutes on this round's machine (2 AVX2 cores shared with other work),
 so the sweep covers what the session's time allowed (the rows say which seeds ran); the variants of earlier
 rounds and their rows are under ``earlier_rounds`` in the JSON."""
 

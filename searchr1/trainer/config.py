@@ -249,10 +249,14 @@ class GuidanceConfig:
     """A group has a success when one of its trajectories' outcome reward reaches this (then it is not guided)."""
     min_hops: int = 1
     """Only questions whose gold path searches at least this many titles are guided (2: multi-hop questions only); branched rollouts need a path of at least one search."""
+    decision_groups: int = 0
+    """Decision groups per step and rank (searchr1.trainer.decision; SLATE arXiv 2602.23440, Tree-GRPO arXiv 2509.21240): groups whose rollout.n rollouts all continue, sampled by the current policy, from the question's gold prefix ending after the first <information> (the prefix is observation tokens, never trained), so the n continuations compare search-again with answer-now at the same point. Chosen among the groups whose question has a gold path of at least one search, alternating single-hop and multi-hop, whatever their success, before replay and guidance (which then leave them alone); generated in the step's rollout instead of those groups' fresh rollouts; every step, no decay. At most trainer.batch_size - 1 (and a rank's groups - 1): some groups always roll out from the prompt alone. 0 = none."""
 
     @property
     def enabled(self) -> bool:
-        return self.off_policy > 0 or self.branched > 0
+        """Guidance of any kind is on (gold trajectories, branched rollouts or decision groups): the trainer
+        builds the gold writer."""
+        return self.off_policy > 0 or self.branched > 0 or self.decision_groups > 0
 
     def validate(self, root: Any) -> None:
         for key in ("off_policy", "branched"):
@@ -266,8 +270,12 @@ class GuidanceConfig:
             raise ValueError(f"guidance.shaping_gamma must be > 0, got {self.shaping_gamma}")
         if self.min_hops < 1:
             raise ValueError(f"guidance.min_hops must be >= 1, got {self.min_hops}")
+        if self.decision_groups < 0:
+            raise ValueError(f"guidance.decision_groups must be >= 0, got {self.decision_groups}")
         if not self.enabled or root is None:
             return
+        if self.decision_groups:
+            self._validate_decisions(root)
         n = getattr(getattr(root, "rollout", None), "n", None)
         if n is not None and self.off_policy + self.branched > n - 1:
             raise ValueError(
@@ -279,6 +287,25 @@ class GuidanceConfig:
             raise ValueError(
                 "guidance with algorithm.advantage=gae: a gold trajectory's advantage needs a group baseline "
                 "(use grpo, rloo or another group estimator)"
+            )
+
+    def _validate_decisions(self, root: Any) -> None:
+        batch = getattr(getattr(root, "trainer", None), "batch_size", None)
+        if batch is not None and self.decision_groups >= batch:
+            raise ValueError(
+                f"guidance.decision_groups={self.decision_groups} with trainer.batch_size={batch}: at least one "
+                f"group of a step rolls out from the prompt alone (at most trainer.batch_size - 1 = {batch - 1})"
+            )
+        n = getattr(getattr(root, "rollout", None), "n", None)
+        if n is not None and n < 2:
+            raise ValueError(
+                f"guidance.decision_groups={self.decision_groups} with rollout.n={n}: a decision group compares "
+                "its continuations with each other (needs rollout.n >= 2)"
+            )
+        if getattr(getattr(root, "algorithm", None), "advantage", "grpo") == "gae":
+            raise ValueError(
+                f"guidance.decision_groups={self.decision_groups} with algorithm.advantage=gae: a decision "
+                "group's continuations are compared with each other (use grpo, rloo or another group estimator)"
             )
 
 

@@ -25,7 +25,8 @@ of the step's trajectories (``round(share(s) * B)``), given to the groups withou
 batch, ``off_policy + branched`` each, whole groups only; from ``decay_until`` on nothing is guided, so the
 policy that ends the run (and any policy kept after that point) stands alone. Groups of questions whose gold
 path searches fewer than ``guidance.min_hops`` titles are not guided. Evaluation never sees any of it: it is
-built only inside the training step.
+built only inside the training step. Decision groups (``guidance.decision_groups``: whole groups continued
+from the gold prefix, ``searchr1.trainer.decision``) are chosen before the rollout; guidance leaves them alone.
 
 Metrics: ``guidance/share`` (guided trajectories / trajectories), ``guidance/scheduled_share``,
 ``guidance/gold`` and ``guidance/branched`` (counts), ``timing/guidance`` (the branched rollouts), ``guidance/cut`` (gold trajectories cut at a turn
@@ -35,19 +36,21 @@ w_t = gamma pi_t / (pi_t + gamma)^2 over gold tokens, from the update), and for 
 or more) that searched at least twice.
 
     guide = Guidance(cfg.guidance, cfg.trainer.total_steps, train_samples, writer, log=print)
-    mixed, rows, metrics = guide.mix(trajs, groups, totals, step, generate)
+    plan = rollout_requests(guide, prompt_ids, metas, groups)     # decision groups' prefixes in place
+    mixed, rows, metrics = guide.mix(trajs, groups, totals, step, generate, skip=decision_group_ids)
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from searchr1.rollout.gold import GOLD_PATH_KEYS, GoldPath, GoldWriter, gold_path, prefix_meta, splice
 from searchr1.rollout.types import Trajectory
+from searchr1.trainer.decision import DecisionGroups, DecisionPlan
 
 GOLD = "gold"
 BRANCHED = "branched"
@@ -112,14 +115,20 @@ class Guidance:
         self.total_steps = total_steps
         self.writer = writer
         self.paths: list[GoldPath | None] = [gold_path(s) for s in samples]
+        self.decisions = (
+            DecisionGroups(cfg.decision_groups, self.paths, writer, log) if cfg.decision_groups > 0 else None
+        )
+        """Decision groups (``guidance.decision_groups``), planned before the rollout; None: off."""
+        mixes = cfg.off_policy + cfg.branched > 0
         with_path = sum(p is not None and len(p.queries) >= cfg.min_hops for p in self.paths)
-        self.active = with_path > 0
-        if not self.active:
+        self.active = mixes and with_path > 0
+        """Gold trajectories or branched rollouts can be mixed in (decision groups alone: False)."""
+        if mixes and not self.active:
             log(
                 "guidance: no training question has a gold path of at least "
                 f"{cfg.min_hops} search(es) (read from {GOLD_PATH_KEYS}); guidance is off for this run"
             )
-        elif with_path < len(self.paths):
+        elif mixes and with_path < len(self.paths):
             log(
                 f"guidance: {with_path} of {len(self.paths)} training questions have a gold path; only they are guided"
             )
@@ -130,10 +139,15 @@ class Guidance:
         return path if path is not None and len(path.queries) >= self.cfg.min_hops else None
 
     def plan(
-        self, trajs: Sequence[Trajectory], groups: Sequence[int], totals: Sequence[float], step: int
+        self,
+        trajs: Sequence[Trajectory],
+        groups: Sequence[int],
+        totals: Sequence[float],
+        step: int,
+        skip: Collection[int] = (),
     ) -> list[tuple[list[int], GoldPath]]:
         """The groups to guide this step, in batch order: ``(rows to replace, gold path)``; the rows are
-        each group's last ``off_policy + branched`` ones."""
+        each group's last ``off_policy + branched`` ones. Groups in ``skip`` (decision groups) are not guided."""
         per_group = self.cfg.off_policy + self.cfg.branched
         if not self.active or per_group == 0:
             return []
@@ -142,10 +156,10 @@ class Guidance:
         for row, gid in enumerate(groups):
             rows_of.setdefault(gid, []).append(row)
         plan = []
-        for rows in rows_of.values():
+        for gid, rows in rows_of.items():
             if budget < per_group:
                 break
-            if len(rows) <= per_group or any(totals[r] >= self.cfg.min_reward for r in rows):
+            if gid in skip or len(rows) <= per_group or any(totals[r] >= self.cfg.min_reward for r in rows):
                 continue
             path = self.path_of(trajs[rows[0]])
             if path is None:
@@ -161,11 +175,13 @@ class Guidance:
         totals: Sequence[float],
         step: int,
         generate: Callable[[list[list[int]], list[dict[str, Any]]], list[Trajectory]],
+        skip: Collection[int] = (),
     ) -> tuple[list[Trajectory], list[int], dict[str, float]]:
         """The batch with guided trajectories in place (``generate(prompt_ids, metas)`` rolls out the
-        branched continuations with the current policy); returns it, the rows replaced and the metrics."""
+        branched continuations with the current policy; ``skip``: groups left alone); returns it, the rows
+        replaced and the metrics."""
         out = list(trajs)
-        plan = self.plan(trajs, groups, totals, step)
+        plan = self.plan(trajs, groups, totals, step, skip)
         cut = 0
         gold_rows: list[int] = []
         branch_jobs: list[tuple[int, Any]] = []
@@ -197,6 +213,20 @@ class Guidance:
             "timing/guidance": time.perf_counter() - t0,
         }
         return out, replaced, metrics
+
+
+def rollout_requests(
+    guidance: Guidance | None,
+    prompt_ids: Sequence[Sequence[int]],
+    metas: Sequence[Mapping[str, Any]],
+    groups: Sequence[int],
+) -> DecisionPlan:
+    """What the step's rollout generates: its prompts and metas as they are, or, with decision groups
+    (``guidance.decision_groups``), those groups' rows continuing from their gold prefix
+    (``searchr1.trainer.decision``); ``plan.splice(generated)`` gives the step's trajectories."""
+    if guidance is None or guidance.decisions is None:
+        return DecisionPlan([list(p) for p in prompt_ids], [dict(m) for m in metas])
+    return guidance.decisions.plan(prompt_ids, metas, groups)
 
 
 def _slot_meta(traj: Trajectory) -> dict[str, Any]:

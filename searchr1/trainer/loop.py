@@ -74,7 +74,7 @@ from searchr1.trainer.experience import (
     micro_batches,
     rows_with_signal,
 )
-from searchr1.trainer.guidance import Guidance, guidance_tensors, is_guided
+from searchr1.trainer.guidance import Guidance, guidance_tensors, is_guided, rollout_requests
 from searchr1.trainer.health import CollapseMonitor, flat_group_share
 from searchr1.trainer.mixing import MixedBatch, mix_batch, shares
 from searchr1.trainer.plots import write_plots
@@ -146,7 +146,7 @@ class RLTrainer:
         self.replay = ReplayBuffer(rcfg.keep_per_question, rcfg.max_age) if rcfg.enabled else None
         """Successful trajectories per training question (``replay.enabled``; checkpointed)."""
         self.guidance: Guidance | None = None
-        """Gold trajectories and branched rollouts for groups without a success (``guidance.*``; set up)."""
+        """Gold trajectories, branched rollouts and decision groups (``guidance.*``; set up)."""
         self._stop_signal: int | None = None
         self._injected = dict(
             model=model,
@@ -325,12 +325,12 @@ class RLTrainer:
             for k in range(n):
                 prompt_ids.append(self._prompt_ids(idx))
                 meta = sample_meta(self.train_samples[idx], idx)
-                meta.update(group_id=gid, sample_in_group=k)
-                metas.append(meta)
+                metas.append({**meta, "group_id": gid, "sample_in_group": k})
                 groups.append(gid)
         t0 = time.perf_counter()
-        trajs = self._generate(prompt_ids, metas, _seed_for(self.cfg.seed, step, self.dist.rank))
-        return trajs, groups, time.perf_counter() - t0
+        plan = rollout_requests(self.guidance, prompt_ids, metas, groups)  # decision groups: gold prefix
+        trajs = self._generate(plan.prompt_ids, plan.metas, _seed_for(self.cfg.seed, step, self.dist.rank))
+        return plan.splice(trajs), groups, time.perf_counter() - t0
 
     def _generate(self, prompt_ids: list[list[int]], metas: list[dict[str, Any]], seed: int) -> list[Any]:
         """Sampled rollouts of the current policy (the rollout's sampling settings)."""

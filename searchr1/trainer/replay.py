@@ -32,7 +32,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from array import array
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import torch
@@ -114,9 +114,11 @@ def mix_replay(
     buffer: ReplayBuffer,
     cfg: Any,
     step: int,
+    skip: Collection[int] = (),
 ) -> tuple[list[Trajectory], list[int]]:
     """The batch with stored successes in place of the last fresh trajectories of the groups that have
-    none (``cfg``: the ``replay`` section); returns it and the rows now replayed."""
+    none (``cfg``: the ``replay`` section; groups in ``skip``, decision groups, are left alone); returns it
+    and the rows now replayed."""
     out = list(trajs)
     budget = int(cfg.max_share * len(out) + 1e-9)
     rows_of: dict[int, list[int]] = {}
@@ -124,10 +126,10 @@ def mix_replay(
         rows_of.setdefault(gid, []).append(row)
     replayed: list[int] = []
     buffer.expire(step)
-    for rows in rows_of.values():
+    for gid, rows in rows_of.items():
         if budget <= 0:
             break
-        if any(totals[r] >= cfg.min_reward for r in rows):
+        if gid in skip or any(totals[r] >= cfg.min_reward for r in rows):
             continue
         stored = buffer.take(question_of(out[rows[0]]), min(cfg.per_group, len(rows) - 1, budget))
         for row, (from_step, copy_) in zip(rows[len(rows) - len(stored) :], stored, strict=True):

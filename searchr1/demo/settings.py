@@ -18,13 +18,18 @@ NQ_QUESTIONS, NQ_CORPUS = "nq_test_sample.jsonl", "wiki18_sample_corpus.jsonl"
 SUMMARY_FILE = "summary.json"
 DEFAULT_TEMPLATE = "instruct_2hop"
 """The demo's prompt: Search-R1's instruction and two two-search worked examples."""
-NO_GUIDANCE_OVERRIDES: tuple[str, ...] = ("guidance.off_policy=0", "guidance.branched=0")
+NO_GUIDANCE_OVERRIDES: tuple[str, ...] = (
+    "guidance.off_policy=0",
+    "guidance.branched=0",
+    "guidance.decision_groups=0",
+)
 """What turns the demo's recipe into the ``no_guidance`` ablation: the same recipe without guidance from the
-gold path (no gold trajectories, no branched rollouts); applied after every other override."""
+gold path (no gold trajectories, no branched rollouts, no decision groups); applied after every other override."""
 OUTCOME_ONLY_OVERRIDES: tuple[str, ...] = (
     "reward.components={search_r1: 1.0}",
     "reward.step_gain=0.0",
     "reward.step_redundancy=0.0",
+    "reward.step_superfluous=0.0",
     "replay.enabled=false",
     *NO_GUIDANCE_OVERRIDES,
 )

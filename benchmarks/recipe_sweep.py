@@ -90,12 +90,23 @@ VARIANTS: dict[str, dict[str, Any]] = {
                 "trainer.actor_lr=5.0e-4", "guidance.decision_groups=4", "reward.step_superfluous=0.2"],
         "steps": 4,
     },
+    "warm680_rl4_decide": {
+        "about": "warm192_rl4_decide with a warm start over every training question twice (340 gold "
+        "trajectories, 2 passes, 43 steps of 16): after one pass over 192 the policy lands on a habit per "
+        "seed (seed 100 never searches twice, seed 101 searches twice on half the single-hop questions), "
+        "as if the decision were still under-trained; about 2.5x the warm start's minutes",
+        "set": [*RECIPE, *GUIDED, *BUDGET, *WARM, "warmstart.epochs=2", "warmstart.max_examples=0",
+                "trainer.actor_lr=5.0e-4", "guidance.decision_groups=4", "reward.step_superfluous=0.2"],
+        "steps": 4,
+    },
 }  # fmt: skip
 """This round's variants (issue 47): a warm start before RL, two splits of about the same time between
 imitation and RL (defined after a pilot on development seed 200, before any tuning seed ran), and the first
 of them with a prompt that shows both sides of the decision (added while the first two ran, before any of
 their tuning rows was read), and the second of them with decision groups (``warm192_rl4_decide``, added after
-the RL drift to searching twice on every question was seen: no tuning row of it has run yet); a variant's
+the RL drift to searching twice on every question was seen: no tuning row of it has run yet), and that one
+with a warm start over every training question twice (``warm680_rl4_decide``, added after seeing the first
+warm-start-alone rows on the fixed code, before any row of it ran); a variant's
 ``template`` is the demo's ``--template``. A run takes ~40 minutes on this round's machine (2 AVX2 cores shared with other work),
 so the sweep covers what the session's time allowed (the rows say which seeds ran); the variants of earlier
 rounds and their rows are under ``earlier_rounds`` in the JSON."""

@@ -41,6 +41,7 @@ import torch
 
 from searchr1.data.formats import sample_prompt
 from searchr1.data.prompts import ANSWER_OPEN, SEARCH_OPEN
+from searchr1.hfcompat import cache_arg
 from searchr1.rollout.gold import GoldPath, GoldWriter, gold_path, sentence_naming
 
 
@@ -93,7 +94,7 @@ class ContextCache:
         predicts the token after ``ids[j]``)."""
         x = torch.tensor([list(ids)], device=self.device)
         positions = torch.arange(self.length, self.length + len(ids), device=self.device)
-        out = self.model(input_ids=x, past_key_values=self.cache, use_cache=True, cache_position=positions)
+        out = self.model(input_ids=x, **cache_arg(self.cache), use_cache=True, cache_position=positions)
         self.ids.extend(int(i) for i in ids)
         return out.logits[0].float()
 

@@ -34,6 +34,8 @@ from typing import Any
 import torch
 from transformers.cache_utils import DynamicLayer
 
+from searchr1.hfcompat import cache_arg, output_cache
+
 MIN_SHARED_PREFIX = 16
 """A common prefix of fewer fresh-prompt tokens is recomputed per prompt rather than given its own forward
 call (a chosen threshold, not a measured one)."""
@@ -253,11 +255,11 @@ class KVBatch:
             input_ids=ids,
             attention_mask=mask,
             position_ids=positions,
-            past_key_values=self.cache,
+            **cache_arg(self.cache),
             use_cache=True,
             logits_to_keep=last_column(width),
         )
-        self.cache = out.past_key_values
+        self.cache = output_cache(out)
         self.mask = mask
         self._advance(feeds)
         self.forward_calls += 1
@@ -319,12 +321,12 @@ class KVBatch:
             input_ids=ids,
             attention_mask=torch.cat([self.mask.index_select(0, run_idx), chunk_mask], dim=1),
             position_ids=positions,
-            past_key_values=sub,
+            **cache_arg(sub),
             use_cache=True,
             logits_to_keep=last_column(width),
         )
         columns = []
-        for new in out.past_key_values.layers:
+        for new in output_cache(out).layers:
             kv = (new.keys[:, :, -width:, :], new.values[:, :, -width:, :])
             columns.append(tuple(t.nan_to_num(0.0) for t in kv) if blind else kv)
         return out.logits[:, -1, :], columns, chunk_mask
@@ -363,7 +365,7 @@ class KVBatch:
             input_ids=head,
             attention_mask=ones,
             position_ids=torch.arange(prefix, device=self.device)[None],
-            past_key_values=shared,
+            **cache_arg(shared),
             use_cache=True,
             logits_to_keep=last_column(prefix),
         )
@@ -378,11 +380,11 @@ class KVBatch:
             input_ids=ids,
             attention_mask=chunk_mask,
             position_ids=positions,
-            past_key_values=sub,
+            **cache_arg(sub),
             use_cache=True,
             logits_to_keep=last_column(ids.shape[1]),
         )
-        columns = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+        columns = [(layer.keys, layer.values) for layer in output_cache(out).layers]
         return out.logits[:, -1, :], columns, chunk_mask
 
     def _sanitize_new_columns(self, width: int) -> None:

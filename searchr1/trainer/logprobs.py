@@ -46,6 +46,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from searchr1.hfcompat import cache_arg
+
 CHUNK_ELEMENTS = 2**24
 """Default chunk: ``CHUNK_ELEMENTS // V`` rows (a 64 MiB float32 block: 512 rows at V = 32k,
 110 at V = 152k), clamped to [16, 4096]."""
@@ -210,7 +212,7 @@ def final_hidden_states(
         raise ValueError(f"shared_prefix={p} needs 0 < p < {t} and no packed position_ids")
     config = unwrap_causal_lm(model).config
     prefix_cache = DynamicCache(config=config)
-    head = decoder(input_ids=input_ids[:1, :p], past_key_values=prefix_cache, use_cache=True)
+    head = decoder(input_ids=input_ids[:1, :p], **cache_arg(prefix_cache), use_cache=True)
     shared = DynamicCache(config=config)
     for i, layer in enumerate(prefix_cache.layers):
         shared.update(layer.keys.expand(b, -1, -1, -1), layer.values.expand(b, -1, -1, -1), i)
@@ -219,7 +221,7 @@ def final_hidden_states(
         input_ids=input_ids[:, p:],
         attention_mask=mask,
         position_ids=torch.arange(p, t, device=input_ids.device).expand(b, -1),
-        past_key_values=shared,
+        **cache_arg(shared),
         use_cache=True,
     )
     return torch.cat([head.last_hidden_state.expand(b, -1, -1), rest.last_hidden_state], dim=1)

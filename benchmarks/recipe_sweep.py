@@ -202,10 +202,23 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+TUNING_SEEDS = (100, 101, 102, 103)
+"""The rule chooses only among variants measured on every one of these seeds."""
+
+
 def choose(variants: dict[str, dict[str, Any]], rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The rule (``RULE``) applied: the eligible variants by the mean kind-balanced EM after, the standard
-    error of each difference from the best, and the choice."""
-    eligible = {v: s for v, s in variants.items() if s["collapsed"] == 0 and s.get("em_by_kind_after")}
+    """The rule (``RULE``) applied to the variants measured on every tuning seed: the eligible ones by the
+    mean kind-balanced EM after, the standard error of each difference from the best (paired by seed), and
+    the choice (a difference within one standard error goes to the higher mean decision accuracy after).
+    Until some variant has every tuning seed nothing is chosen: means over different seeds do not compare."""
+    complete = {v: s for v, s in variants.items() if set(TUNING_SEEDS) <= set(s.get("seeds", []))}
+    if not complete:
+        return {
+            "chosen": None,
+            "why": f"no variant has all the tuning seeds {list(TUNING_SEEDS)} yet",
+            "seeds_so_far": {v: s.get("seeds", []) for v, s in variants.items()},
+        }
+    eligible = {v: s for v, s in complete.items() if s["collapsed"] == 0 and s.get("em_by_kind_after")}
     if not eligible:
         return {"chosen": None, "why": "no variant without a collapsed seed"}
     ranked = sorted(eligible, key=lambda v: -eligible[v]["em_by_kind_after"]["mean"])
@@ -213,16 +226,14 @@ def choose(variants: dict[str, dict[str, Any]], rows: list[dict[str, Any]]) -> d
     by_seed = {v: {r["seed"]: r["em_by_kind_after"] for r in rows if r["variant"] == v} for v in ranked}
     close = []
     for other in ranked[1:]:
-        seeds = sorted(set(by_seed[best]) & set(by_seed[other]))
-        diffs = [by_seed[best][s] - by_seed[other][s] for s in seeds]
-        if len(diffs) > 1:
-            se = statistics.stdev(diffs) / len(diffs) ** 0.5
-            if statistics.fmean(diffs) < se:
-                close.append((other, statistics.fmean(diffs), se))
+        diffs = [by_seed[best][s] - by_seed[other][s] for s in TUNING_SEEDS]
+        se = statistics.stdev(diffs) / len(diffs) ** 0.5
+        if statistics.fmean(diffs) < se:
+            close.append((other, statistics.fmean(diffs), se))
     chosen = best
     if close:
         contenders = [best] + [c[0] for c in close]
-        chosen = max(contenders, key=lambda v: eligible[v]["searches_multi_after"]["mean"])
+        chosen = max(contenders, key=lambda v: eligible[v].get("decision_after", {}).get("mean", float("-inf")))
     return {
         "ranking": [(v, eligible[v]["em_by_kind_after"]["mean"]) for v in ranked],
         "within_one_standard_error_of_the_best": [

@@ -422,11 +422,8 @@ class BM25Retriever(Retriever):
         rows, scores = rows[keep], scores[keep]
         if pyserini:
             rows, scores = self._pyserini_order(rows, scores, topk)
-        hits = []
-        for row, score in zip(rows.tolist(), scores.tolist(), strict=True):
-            doc, wire = self.docs.with_wire(row)
-            hits.append(Hit(doc.id, doc.title, doc.text, score, wire))
-        return hits
+        found = self.docs.many_with_wire(rows.tolist())
+        return [Hit(d.id, d.title, d.text, s, wire) for (d, wire), s in zip(found, scores.tolist(), strict=True)]
 
     def _pyserini_order(self, rows: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Anserini's hits (``rows`` by score, with every row tied with the k-th): Lucene collects the

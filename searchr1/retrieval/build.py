@@ -1,7 +1,7 @@
 """The streaming build behind ``searchr1 index build``: read once, in chunks, checkpointed, bounded memory.
 
     corpus --chunks of lines--> workers: parse, analyse, compress (``pass1``)
-           --> passage store (docs.zst, compressed blocks)            every chunk: fsync, then
+           --> passage store (docs.zst, compressed passages)          every chunk: fsync, then
            \\-> bm25 runs | dense vectors on disk                       .build/state.json
     end of corpus --> bm25: scores column range by range | dense: train on a sample, add in blocks
                   --> manifest.json, written last (atomically); .build/ removed
@@ -54,6 +54,7 @@ from searchr1.retrieval.pass1 import (
     analysed_chunks,
     chunk_spans,
     commit_lines,
+    store_dictionary,
     validate_chunking,
 )
 
@@ -62,11 +63,12 @@ VECTORS_FILE = "vectors.f32"
 IDS_FILE = "ids.u64"
 """The hashes of the passage ids read so far (``ids.SeenIds``), in the checkpoint folder."""
 PARTIAL_INDEX = "partial.faiss"
-STORE_SETTING = "zstd-blocks"
+STORE_SETTING = "zstd-frames"
 """The passage store a build writes (``docstore``), in the settings: a build interrupted by an earlier
 version (another store, chunks of passages) is not resumed."""
-PASS1_BYTES_PER_PASSAGE = 3000
-"""A pass-1 worker's peak memory a passage of its chunk (measured on generated wiki-like passages)."""
+PASS1_BYTES_PER_PASSAGE = 6000
+"""A pass-1 worker's peak memory a passage of its chunk, beyond its ~110 MB of libraries (measured on
+generated wiki-like passages: 5.8 kB at chunks of 50,000, 7 kB at 10,000)."""
 
 
 @dataclass
@@ -85,13 +87,15 @@ class BuildRequest:
     show_progress: bool = True
     resume: bool | None = None
     """None: refuse when an unfinished build is in ``out``; True: continue it; False: start again."""
-    chunk_passages: int = 50_000
+    chunk_passages: int = 20_000
     """Lines per chunk (a passage each, or several with ``chunk_size``; fewer when the lines are long,
     ``pass1.CHUNK_BYTES_PER_PASSAGE``): the unit of memory (one chunk's tokens or vectors), of the
     workers' tasks and of checkpoints."""
     workers: int = 1
     """Processes of the first pass (parse, analyse, compress; ``pass1``); 1: this process. Fewer are
-    started when ``memory_mb`` does not hold a chunk for each. The index does not depend on it."""
+    started when ``memory_mb`` does not hold a chunk for each. The index does not depend on it. The
+    processes are ``spawn``ed: a script that builds with several needs Python's
+    ``if __name__ == "__main__":`` guard around what it runs."""
     memory_mb: float = 512
     """BM25: the postings merged at a time in the final pass (``bm25_build.BYTES_PER_POSTING`` each);
     with one chunk of the first pass, what bounds the build's memory."""
@@ -137,9 +141,9 @@ class _BM25Sink:
     def start(self, state: BuildState) -> None:
         self.builder = BM25StreamBuilder(build_dir(self.req.out) / RUNS_DIR, self.params, state.chunks)
 
-    def pass1(self) -> Pass1Spec:
+    def pass1(self, store_dict: bytes | None) -> Pass1Spec:
         return Pass1Spec(str(self.req.corpus), self.req.chunk_size, self.req.overlap, self.params,
-                         str(build_dir(self.req.out) / RUNS_DIR))  # fmt: skip
+                         str(build_dir(self.req.out) / RUNS_DIR), store_dict=store_dict)  # fmt: skip
 
     def add(self, chunk: AnalysedChunk, state: BuildState, remaining: float | None = None) -> None:
         self.builder.add_chunk(chunk, remaining)
@@ -180,8 +184,9 @@ class _DenseSink:
         with self.vectors.open("ab") as fh:
             fh.truncate(size)  # drop vectors written after the last checkpoint
 
-    def pass1(self) -> Pass1Spec:
-        return Pass1Spec(str(self.req.corpus), self.req.chunk_size, self.req.overlap, keep_docs=True)
+    def pass1(self, store_dict: bytes | None) -> Pass1Spec:
+        return Pass1Spec(str(self.req.corpus), self.req.chunk_size, self.req.overlap, keep_docs=True,
+                         store_dict=store_dict)  # fmt: skip
 
     def discard_ahead(self) -> None:
         pass
@@ -316,7 +321,9 @@ def run_build(req: BuildRequest) -> Manifest:
 
 
 def pass1_workers(req: BuildRequest) -> int:
-    """The workers of the first pass: as asked, but no more than ``memory_mb`` holds chunks of."""
+    """The workers of the first pass: as asked, but no more than ``memory_mb`` holds chunks of (one
+    always: a build held one chunk before it had workers). At the defaults (20,000 lines a chunk,
+    512 MB): 4."""
     per_chunk = req.chunk_passages * PASS1_BYTES_PER_PASSAGE
     return max(1, min(req.workers, int(req.memory_mb * (1 << 20) // max(per_chunk, 1))))
 
@@ -324,20 +331,23 @@ def pass1_workers(req: BuildRequest) -> int:
 def _read_phase(req: BuildRequest, sink, state: BuildState, resumed: bool) -> int:
     """Stream the corpus chunk by chunk (``pass1``) into the passage store and the sink, checkpointing
     each chunk; returns the workers used."""
-    writer = DocStoreWriter(req.out, resume_at=(state.passages, state.docstore_bytes) if resumed else None)
+    if resumed and state.chunks:  # the dictionary written when the build started
+        writer = DocStoreWriter(req.out, resume_at=(state.passages, state.docstore_bytes))
+    else:
+        writer = DocStoreWriter(req.out, dictionary=store_dictionary(req.corpus, req.chunk_size, req.overlap))
     seen = SeenIds(build_dir(req.out) / IDS_FILE, state.passages if resumed else 0)
     size = Path(req.corpus).stat().st_size
     bar = _Bar(req.show_progress, total=size, initial=state.offset, unit="B", unit_scale=True,
                unit_divisor=1024, desc=f"{req.retriever}: reading corpus")  # fmt: skip
     t0, start_passages = time.perf_counter(), state.passages
     workers = pass1_workers(req)
-    spec = sink.pass1()
+    spec = sink.pass1(writer.dictionary)
     chunks = analysed_chunks(spec, chunk_spans(req.corpus, state.position, req.chunk_passages, state.chunks),
                              workers)  # fmt: skip
     try:
         for analysed in chunks:
             chunk = commit_lines(analysed, spec, seen, req.skip_bad_lines)
-            writer.append(chunk.frames, chunk.sizes, chunk.counts)
+            writer.append(chunk.frames, chunk.sizes)
             sink.add(chunk, state, 1 - chunk.span.end / max(size, 1))
             seen.sync()
             count, nbytes = writer.sync()

@@ -89,8 +89,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="discard an unfinished build in --out and start again",
     )
     b.add_argument(
-        "--chunk-passages", type=int, default=50_000,
-        help="lines (passages) read, indexed and checkpointed at a time (default 50000)",
+        "--chunk-passages", type=int, default=20_000,
+        help="lines (passages) read, indexed and checkpointed at a time, by one worker (default 20000)",
     )  # fmt: skip
     b.add_argument(
         "--workers", type=int, default=None,

@@ -42,7 +42,7 @@ def build_index(
     device: str | None = None,
     show_progress: bool = True,
     resume: bool | None = None,
-    chunk_passages: int = 50_000,
+    chunk_passages: int = 20_000,
     memory_mb: float = 512,
     dense: dict[str, Any] | None = None,
     workers: int = 1,

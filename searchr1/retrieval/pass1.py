@@ -8,7 +8,7 @@ on the corpus and the settings, never on the number of workers, so neither does 
 
 Each chunk is handled by one call of ``analyse_chunk`` (in a worker process, or in this one with one
 worker): its lines parsed (``corpus.parse_raw_line``), the passages' records compressed into the
-passage store's blocks (``docstore.encode_store_blocks``), the BM25 run analysed and written to the
+passage store's frames (``docstore.encode_frames``), the BM25 run analysed and written to the
 spill folder under its chunk number (``bm25_build.make_run`` / ``write_run``), the passages' id hashes
 (``ids.id_hash``) computed; for a dense build, the passages themselves returned. Rows in a run count
 from the chunk's first passage (``bm25_build``: its base is the passages of the runs before it).
@@ -18,7 +18,7 @@ against those read before (``ids.SeenIds``: one vectorised test of the chunk's h
 finds a candidate are the lines checked one by one, as ``CorpusReader`` does), names or counts the
 malformed lines in the order a single reader meets them, and where a line must be skipped for a
 repeated id it analyses the chunk again without it (``analyse_chunk(..., exclude=...)``), so the
-outcome is the one-process outcome byte for byte. Then it appends the blocks to the store, registers
+outcome is the one-process outcome byte for byte. Then it appends the frames to the store, registers
 the run and checkpoints (``build``).
 
 Memory: each worker holds one chunk at a time; at most ``workers + 1`` chunks are in flight.
@@ -50,7 +50,7 @@ from searchr1.retrieval.corpus import (
     repeated_id,
     repeated_id_message,
 )
-from searchr1.retrieval.docstore import encode_store_blocks
+from searchr1.retrieval.docstore import DICT_SAMPLE, encode_frames, sample_dictionary
 from searchr1.retrieval.ids import SeenIds, id_hashes
 
 CHUNK_BYTES_PER_PASSAGE = 2048
@@ -71,6 +71,8 @@ class Pass1Spec:
     """The spill folder the runs are written to (``bm25_build.run_path``)."""
     keep_docs: bool = False
     """Return the passages (dense builds encode them in the build's process)."""
+    store_dict: bytes | None = None
+    """The passage store's zstd dictionary (``docstore.train_dictionary``)."""
 
 
 @dataclass(frozen=True)
@@ -99,8 +101,7 @@ class AnalysedChunk:
     """``ids.id_hash`` of each passage's id."""
     frames: bytes
     sizes: np.ndarray
-    counts: np.ndarray
-    """The passage store's blocks (``docstore.encode_store_blocks``)."""
+    """The passages compressed for the store (``docstore.encode_frames``)."""
     run_postings: int = 0
     run_bytes: int = 0
     run_error: tuple[int, str, str] | None = None
@@ -133,10 +134,10 @@ def read_span(corpus: str | Path, span: ChunkSpan) -> bytes:
 
 def analyse_chunk(spec: Pass1Spec, span: ChunkSpan, exclude: frozenset[int] = frozenset()) -> AnalysedChunk:
     """Parse, analyse and compress one chunk (see the module docstring); lines ``exclude`` are left out."""
-    data = read_span(spec.corpus, span)
-    raw_lines = data.split(b"\n")
+    raw_lines = read_span(spec.corpus, span).split(b"\n")
     if raw_lines and raw_lines[-1] == b"":
         raw_lines.pop()  # the newline that ends the chunk
+    n_lines = len(raw_lines)
     docs: list[Document] = []
     lines: list[tuple[int, int]] = []
     bad: list[tuple[int, str]] = []
@@ -152,9 +153,10 @@ def analyse_chunk(spec: Pass1Spec, span: ChunkSpan, exclude: frozenset[int] = fr
         if passages:
             lines.append((lineno, len(passages)))
             docs.extend(passages)
+    del raw_lines  # the chunk's bytes, before the run's arrays are made
     ids = [d.id for d in docs]
-    frames, sizes, counts = encode_store_blocks(docs)
-    out = AnalysedChunk(span, span.lineno + len(raw_lines), lines, bad, ids, id_hashes(ids), frames, sizes, counts)
+    frames, sizes = encode_frames(docs, spec.store_dict)
+    out = AnalysedChunk(span, span.lineno + n_lines, lines, bad, ids, id_hashes(ids), frames, sizes)
     if spec.bm25 is not None and spec.run_dir is not None:
         run = make_run(docs, _analyzer(spec.bm25), 0)
         out.run_postings = run.n_postings
@@ -167,6 +169,21 @@ def analyse_chunk(spec: Pass1Spec, span: ChunkSpan, exclude: frozenset[int] = fr
     if spec.keep_docs:
         out.docs = docs
     return out
+
+
+def store_dictionary(corpus: str | Path, chunk_size: int | None, overlap: int) -> bytes | None:
+    """The passage store's dictionary, trained on the corpus's first ``DICT_SAMPLE`` passages (malformed
+    lines passed over: they only teach the codec)."""
+    docs: list[Document] = []
+    with Path(corpus).open("rb") as fh:
+        for raw in fh:
+            try:
+                docs.extend(parse_raw_line(raw, chunk_size, overlap))
+            except (ValueError, UnicodeDecodeError):
+                continue
+            if len(docs) >= DICT_SAMPLE:
+                break
+    return sample_dictionary(docs)
 
 
 def chunk_spans(corpus: str | Path, start: ReadPosition, chunk_passages: int, first_index: int) -> Iterator[ChunkSpan]:

@@ -1,5 +1,5 @@
 """The compressed passage store: round trips, random access, wire fragments, damage refused in one line,
-and the earlier JSON-lines store still loading."""
+the dictionary trained the same way every time, and the earlier JSON-lines store still loading."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from searchr1.retrieval.base import Hit
 from searchr1.retrieval.bm25_blocks import DamagedIndex
 from searchr1.retrieval.corpus import Document, write_corpus
 from searchr1.retrieval.docstore import (
-    BLOCK_PASSAGES,
-    BLOCKS_FILE,
+    DICT_FILE,
+    FRAMES_FILE,
     STORE_FILE,
     STORE_META,
     CompressedDocStore,
@@ -24,6 +24,7 @@ from searchr1.retrieval.docstore import (
     MappedDocStore,
     decode_record,
     encode_record,
+    sample_dictionary,
     write_jsonl_store,
 )
 from searchr1.retrieval.index import IndexLoadError, build_index, load_index
@@ -56,22 +57,26 @@ def test_a_record_gives_back_the_passage_exactly_and_its_wire_fragment():
         assert json.loads(wire) == {"id": d.id, "contents": d.contents}
 
 
-def test_the_store_round_trips_in_random_order_across_chunks(tmp_path):
+@pytest.mark.parametrize("trained", [True, False])
+def test_the_store_round_trips_in_random_order_across_chunks(tmp_path, trained):
     docs = ODD + _docs(500)
-    writer = DocStoreWriter(tmp_path)
-    for lo in range(0, len(docs), 37):  # chunks of 37: blocks end at chunk ends
+    dictionary = sample_dictionary(docs) if trained else None
+    if trained:
+        assert dictionary is not None and sample_dictionary(docs) == dictionary  # reproducible
+    writer = DocStoreWriter(tmp_path, dictionary=dictionary)
+    for lo in range(0, len(docs), 37):  # chunks of 37, as a build appends them
         writer.add_docs(docs[lo : lo + 37])
     assert writer.close() == len(docs)
+    assert (tmp_path / DICT_FILE).is_file() == trained
     store = DocStore.open(tmp_path)
     assert isinstance(store, CompressedDocStore) and len(store) == len(docs)
-    assert store.block_count() == sum(-(-min(37, len(docs) - lo) // BLOCK_PASSAGES) for lo in range(0, len(docs), 37))
     order = np.random.default_rng(1).permutation(len(docs))
     assert [store[int(r)] for r in order] == [docs[int(r)] for r in order]
     assert [store.doc_id(r) for r in range(len(docs))] == [d.id for d in docs]
     with pytest.raises(IndexError):
         store[len(docs)]
-    raw = sum(len(encode_record(d)) + 1 for d in docs)
-    assert (tmp_path / STORE_FILE).stat().st_size < raw / 2  # compressed
+    raw = sum(len(encode_record(d)) for d in docs)
+    assert (tmp_path / STORE_FILE).stat().st_size < raw / (2 if trained else 1.3)  # compressed
     store.close()
 
 
@@ -98,24 +103,24 @@ def test_a_damaged_block_is_refused_in_one_line_that_says_how_to_rebuild(tmp_pat
     idx = tmp_path / "idx"
     build_index(corpus, idx, chunk_passages=64, show_progress=False)
     path = idx / STORE_FILE
-    table = np.load(idx / BLOCKS_FILE)
+    table = np.load(idx / FRAMES_FILE)
     raw = bytearray(path.read_bytes())
-    if damage == "flip":  # a byte inside block 3: the codec's checksum fails
-        raw[(int(table[3, 0]) + int(table[4, 0])) // 2] ^= 0x40
+    if damage == "flip":  # a byte inside passage 3's frame: the codec's checksum fails
+        raw[(int(table[3]) + int(table[4])) // 2] ^= 0x40
         path.write_bytes(bytes(raw))
-        r = load_index(idx)  # the blocks are checked when read
-        assert r.docs[0] == docs[0]
+        r = load_index(idx)  # the frames are checked when read
+        assert r.docs[2] == docs[2] and r.docs[4] == docs[4]
         with pytest.raises(DamagedIndex) as err:
-            r.docs[int(table[3, 1])]
+            r.docs[3]
         message = str(err.value)
-        assert "\n" not in message and "block 3" in message and "searchr1 index build" in message
+        assert "\n" not in message and "passage 3's frame" in message and "searchr1 index build" in message
         return
     if damage == "truncate":
         path.write_bytes(bytes(raw[:-10]))
     else:
         t = table.copy()
-        t[2, 0] += 1
-        np.save(idx / BLOCKS_FILE, t)
+        t[2] += 1
+        np.save(idx / FRAMES_FILE, t)
     with pytest.raises(IndexLoadError) as err:
         load_index(idx)
     message = str(err.value)
@@ -127,22 +132,23 @@ def test_a_damaged_block_fails_the_search_with_one_line(tmp_path):
     docs = _docs(100, 4)
     idx = tmp_path / "idx"
     build_index(write_corpus(docs, tmp_path / "c.jsonl"), idx, show_progress=False)
-    table = np.load(idx / BLOCKS_FILE)
+    table = np.load(idx / FRAMES_FILE)
     raw = bytearray((idx / STORE_FILE).read_bytes())
-    for b in range(len(table) - 1):  # every block damaged
-        raw[int(table[b, 0]) + 6] ^= 0x01
+    for row in range(len(table) - 1):  # every passage damaged
+        raw[(int(table[row]) + int(table[row + 1])) // 2] ^= 0x01
     (idx / STORE_FILE).write_bytes(bytes(raw))
     r = load_index(idx)
     with pytest.raises(DamagedIndex) as err:
         r.search([docs[5].text], 1)
     message = str(err.value)
-    assert "\n" not in message and "is damaged: block" in message and "searchr1 index build" in message
+    assert "\n" not in message and "is damaged: passage" in message and "searchr1 index build" in message
 
 
 def test_the_table_and_metadata_are_checked_at_load(tmp_path):
     DocStore.write(_docs(100), tmp_path)
     meta = json.loads((tmp_path / STORE_META).read_text())
-    assert meta["blocks_crc32"] == zlib.crc32((tmp_path / BLOCKS_FILE).read_bytes())
+    assert meta["frames_crc32"] == zlib.crc32((tmp_path / FRAMES_FILE).read_bytes())
+    assert meta["dict_crc32"] == zlib.crc32((tmp_path / DICT_FILE).read_bytes())
     meta["format"] = 9
     (tmp_path / STORE_META).write_text(json.dumps(meta))
     with pytest.raises(DamagedIndex, match="format 9"):

@@ -503,3 +503,13 @@ def test_chunks_are_cut_on_lines_by_count_and_by_bytes(tmp_path, monkeypatch):
     assert [s.index for s in later] == [5, 6, 7, 8, 9] and [s.lineno for s in later] == [3, 5, 7, 8, 10]
     monkeypatch.setattr(pass1, "READ_BLOCK", 3)  # lines across many reads
     assert list(pass1.chunk_spans(path, ReadPosition(), 3, 0)) == spans
+
+
+def test_no_more_workers_than_the_memory_budget_holds_chunks_for():
+    def workers(**kw):
+        return build_mod.pass1_workers(build_mod.BuildRequest(Path("c.jsonl"), Path("out"), **kw))
+
+    assert workers(workers=8) == 4  # 512 MB at 20,000 passages a chunk of ~6 kB each
+    assert workers(workers=2) == 2 and workers(workers=1) == 1
+    assert workers(workers=8, memory_mb=100) == 1  # one chunk always
+    assert workers(workers=8, chunk_passages=5_000, memory_mb=512) == 8

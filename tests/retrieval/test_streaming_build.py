@@ -455,7 +455,7 @@ def test_the_index_is_the_same_byte_for_byte_whatever_the_number_of_workers(tmp_
     assert one.skipped_lines == two.skipped_lines == 3  # the malformed line and the two repeats
     assert one.num_documents == two.num_documents == 255 + 2  # line 150 is three passages of 40 words
     files = _files(tmp_path / "one")
-    assert {"docs.zst", "docs.blocks.npy", "docs.store.json", "bm25/postings.u8.npy"} <= set(files)
+    assert {"docs.zst", "docs.frames.npy", "docs.dict", "docs.store.json", "bm25/postings.u8.npy"} <= set(files)
     assert files == _files(tmp_path / "two")
     r = load_index(tmp_path / "two")
     assert r.docs[3].id == "3" and [h.id for h in r.search(["repeats an id"], 3)[0]] == []

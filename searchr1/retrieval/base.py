@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from searchr1.registry import Registry
@@ -22,6 +22,9 @@ class Hit:
     title: str
     text: str
     score: float
+    wire: bytes | None = field(default=None, compare=False, repr=False)
+    """The document as the retrieval server sends it (``{"id","contents"}`` JSON), where the passage
+    store keeps it (``docstore``): sent as it is, not encoded again. Not part of equality."""
 
     @property
     def contents(self) -> str:
@@ -29,7 +32,7 @@ class Hit:
         return f'"{self.title}"\n{self.text}'
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {"id": self.id, "title": self.title, "text": self.text, "score": self.score}
 
 
 class SearchError(RuntimeError):
@@ -47,6 +50,11 @@ class Retriever(ABC):
     @abstractmethod
     def search(self, queries: list[str], topk: int) -> list[list[Hit]]:
         """Return, for every query, up to ``topk`` hits sorted by decreasing score."""
+
+    def warm_up(self) -> str | None:
+        """Prepare for the first query (compile, load) before any arrives; returns what was done, for
+        the server's log, or None when there is nothing to prepare."""
+        return None
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources (threads, connections, memory maps)."""

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -201,6 +202,35 @@ class BM25Retriever(Retriever):
         self.threads = 1
         self._pool: ThreadPoolExecutor | None = None
         self.set_threads(threads)
+        self.kernel_ready = False
+        """Whether the kernel was compiled (or loaded from numba's cache) for this index's arrays:
+        ``warm_up`` or a first search did it."""
+
+    def warm_up(self) -> str | None:
+        """Compile the kernel for this index's arrays before the first query needs it (``serve`` calls
+        it at start): one search of one column. The kernel is compiled with numba's ``cache=True``, so
+        after the first time on a machine it is loaded from ``__pycache__`` (numba's user cache folder
+        where the package's folder is not writable) instead of compiled again (30-60 s of CPU).
+        Returns a line for the log, or None (methods scored without the kernel: bm25l, bm25+)."""
+        if self._nonoccurrence is not None:
+            return None
+        t0 = time.perf_counter()
+        known, hits_before = len(top_k_batch.signatures), sum(top_k_batch.stats.cache_hits.values())
+        t = int(np.argmax(np.diff(self._indptr))) if len(self._indptr) > 1 else 0
+        one = np.ones(1)
+        kind = FORMULA if self.postings.mode == TF else 0
+        idf32 = np.float32(idf(self.params.method, max(self._df(t), 1), int(self.matrix.doc_count or 1)))
+        plan = (np.array([t], np.int64), one, np.array([kind], np.int64), np.array([idf32], np.float32),
+                np.array([idf32], np.float32), self.postings.col_max[[t]].astype(np.float64))  # fmt: skip
+        self._run_kernel([plan], 1, self.params.tie_break == "pyserini")
+        self.kernel_ready = True
+        if len(top_k_batch.signatures) == known:
+            how = "ready (compiled earlier in this process)"
+        elif sum(top_k_batch.stats.cache_hits.values()) > hits_before:
+            how = "loaded from numba's on-disk cache"
+        else:
+            how = "compiled (numba caches it on disk for the next start)"
+        return f"BM25 kernel {how} in {time.perf_counter() - t0:.1f} s"
 
     def set_threads(self, threads: int) -> None:
         """Search each batch on ``threads`` threads (the kernel releases the interpreter lock)."""
@@ -381,6 +411,7 @@ class BM25Retriever(Retriever):
         np.cumsum([len(p[0]) for p in plans], out=qptr[1:])
         flat = [np.concatenate([p[j] for p in plans]) for j in range(6)]
         rptr, rows, scores, ok = top_k_batch(qptr, *flat, topk, ties, self._prune, *self._kernel_arrays)
+        self.kernel_ready = True
         if not ok:
             raise CorruptIndex("the BM25 index is corrupt (a block of postings cannot be decoded); rebuild it "
                                "with `searchr1 index build`")  # fmt: skip
@@ -391,11 +422,8 @@ class BM25Retriever(Retriever):
         rows, scores = rows[keep], scores[keep]
         if pyserini:
             rows, scores = self._pyserini_order(rows, scores, topk)
-        hits = []
-        for row, score in zip(rows, scores, strict=True):
-            doc = self.docs[int(row)]
-            hits.append(Hit(doc.id, doc.title, doc.text, float(score)))
-        return hits
+        found = self.docs.many_with_wire(rows.tolist())
+        return [Hit(d.id, d.title, d.text, s, wire) for (d, wire), s in zip(found, scores.tolist(), strict=True)]
 
     def _pyserini_order(self, rows: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Anserini's hits (``rows`` by score, with every row tied with the k-th): Lucene collects the

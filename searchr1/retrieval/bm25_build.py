@@ -137,10 +137,9 @@ class ChunkTerms:
         return tid
 
     def __call__(self, words: list[str]) -> list[int]:
-        get = self._words.get
-        ids = [get(w, -2) for w in words]
-        if -2 in ids:
-            ids = [i if i != -2 else self._miss(w) for i, w in zip(ids, words, strict=True)]
+        ids = list(map(self._words.get, words))  # the C loop of map: ~2x a comprehension's speed
+        if None in ids:
+            ids = [i if i is not None else self._miss(w) for i, w in zip(ids, words, strict=True)]
         return ids
 
 
@@ -150,7 +149,8 @@ class ChunkTerms:
 @dataclass
 class Run:
     """One chunk's postings: terms in key order (``h1``, ``h2``, their text), term t's postings at
-    ``ptr[t]:ptr[t+1]`` of ``docs`` (global passage rows, ascending) and ``tf``; ``lens`` per passage."""
+    ``ptr[t]:ptr[t+1]`` of ``docs`` (passage rows counted from the chunk's first, ascending) and ``tf``;
+    ``lens`` per passage; ``base``: the row of the chunk's first passage (``slice`` adds it)."""
 
     h1: np.ndarray
     h2: np.ndarray
@@ -191,7 +191,7 @@ class Run:
             self.h2[t0:t1],
             np.diff(self.ptr[t0 : t1 + 1]),
             terms,
-            self.docs[p0:p1],
+            self.docs[p0:p1] + np.uint32(self.base),
             self.tf[p0:p1],
         )
 
@@ -215,7 +215,7 @@ def _split(blob: bytes) -> list[str]:
     return blob.decode("utf-8").split("\n")[:-1] if blob else []
 
 
-def make_run(docs: Sequence[Document], analyzer: Analyzer, base: int) -> Run:
+def make_run(docs: Sequence[Document], analyzer: Analyzer, base: int = 0) -> Run:
     """Analyse passages ``base``, ``base + 1``, ... into a run (terms in key order)."""
     chunk = ChunkTerms(analyzer)
     words = analyzer.words
@@ -258,15 +258,16 @@ def make_run(docs: Sequence[Document], analyzer: Analyzer, base: int) -> Run:
     np.cumsum([len(e) for e in encoded], out=text_ptr[1:])
     return Run(
         h1[order], h2[order], ptr, b"".join(encoded), text_ptr,
-        (uniq % n + base).astype(np.uint32), np.minimum(tf, MAX_TF).astype(np.uint16), lens,
+        (uniq % n).astype(np.uint32), np.minimum(tf, MAX_TF).astype(np.uint16), lens,
         id_sort_keys(d.id for d in docs), base,
     )  # fmt: skip
 
 
 _SECTIONS = {"h1": np.uint64, "h2": np.uint64, "ptr": np.int64, "text_ptr": np.int64, "text": np.uint8,
              "docs": np.uint32, "tf": np.uint16, "lens": np.uint32, "idk": np.uint64}  # fmt: skip
-RUN_VERSION = 2
-"""2: the passages' id keys (``idk``) added."""
+RUN_VERSION = 3
+"""2: the passages' id keys (``idk``) added; 3: rows counted from the run's first passage (its base is
+the passages of the runs before it, so a worker writes a run without knowing it)."""
 _ALIGN = 64
 
 
@@ -279,7 +280,7 @@ def write_run(path: Path, run: Run) -> int:
     for name, arr in arrays.items():
         layout[name] = [offset, len(arr)]
         offset += -(-np.asarray(arr).nbytes // _ALIGN) * _ALIGN
-    header = json.dumps({"version": RUN_VERSION, "base": run.base, "sections": layout}).encode()
+    header = json.dumps({"version": RUN_VERSION, "sections": layout}).encode()
     start = -(-(8 + len(header)) // _ALIGN) * _ALIGN
     tmp = path.with_name(path.name + ".tmp")
     try:
@@ -300,9 +301,9 @@ def write_run(path: Path, run: Run) -> int:
 
 class RunFile:
     """A run on disk, read section by section (plain reads: nothing is memory-mapped, so what is read
-    is what the process holds)."""
+    is what the process holds); ``base``: the row of its first passage."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, base: int = 0):
         self.path = path
         with path.open("rb") as fh:
             size = int.from_bytes(fh.read(8), "little")
@@ -311,7 +312,7 @@ class RunFile:
             raise ValueError(
                 f"{path} was written by an earlier version of the build; start it again with --restart"
             )
-        self.base = int(meta["base"])
+        self.base = base
         self._start = -(-(8 + size) // _ALIGN) * _ALIGN
         self._layout = meta["sections"]
         self.n_terms = self._layout["h1"][1]
@@ -351,7 +352,7 @@ class RunFile:
         text = self._read("text", int(tp[0]), int(tp[-1])).tobytes() if t1 > t0 else b""
         p0, p1 = (int(ptr[0]), int(ptr[-1])) if t1 > t0 else (0, 0)
         return (self._read("h1", t0, t1), self._read("h2", t0, t1), np.diff(ptr), _split(text),
-                self._read("docs", p0, p1), self._read("tf", p0, p1))  # fmt: skip
+                self._read("docs", p0, p1) + np.uint32(self.base), self._read("tf", p0, p1))  # fmt: skip
 
 
 # -- the merge ----------------------------------------------------------------------------------------
@@ -795,7 +796,8 @@ def _empty_run(lens: np.ndarray, idk: np.ndarray) -> Run:
 # -- the streamed build ---------------------------------------------------------------------------------
 
 
-def _run_path(folder: Path, k: int) -> Path:
+def run_path(folder: Path, k: int) -> Path:
+    """Chunk ``k``'s run in the spill folder."""
     return folder / f"run_{k:06d}{RUN_SUFFIX}"
 
 
@@ -813,35 +815,58 @@ class BM25StreamBuilder:
         self.chunks = chunks_done
         self.passages = 0
         self.run_bytes = 0
+        self._bases: list[int] = []
         for k in range(chunks_done):
-            run = RunFile(_run_path(self.workdir, k))
+            run = RunFile(run_path(self.workdir, k))
+            self._bases.append(self.passages)
             self.passages += run.n_docs
             self.run_bytes += run.path.stat().st_size
-        for path in self.workdir.glob(f"run_*{RUN_SUFFIX}*"):
-            if path.name.endswith(".tmp") or int(path.name[4:10]) >= chunks_done:
-                path.unlink()
+        self.drop_uncommitted()
 
-    def add_chunk(self, docs: list[Document], remaining_fraction: float | None = None) -> None:
-        """Analyse one chunk and write its run (durably: a checkpoint may name it next).
-        ``remaining_fraction``: the share of the corpus still to read (for the space a full disk needs)."""
-        run = make_run(docs, self.analyzer, self.passages)
-        try:
-            self.run_bytes += write_run(_run_path(self.workdir, self.chunks), run)
-        except OSError as exc:
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-                raise
-            done = self.passages + len(docs)
+    def drop_uncommitted(self) -> None:
+        """Remove the run files of chunks not added (written ahead by workers, or by a stopped build)."""
+        for path in self.workdir.glob(f"run_*{RUN_SUFFIX}*"):
+            if path.name.endswith(".tmp") or int(path.name[4:10]) >= self.chunks:
+                path.unlink(missing_ok=True)
+
+    def add_chunk(self, chunk, remaining_fraction: float | None = None) -> None:
+        """Add the next chunk: passages (a list of ``Document``: analysed and written here), or a chunk
+        whose run ``pass1.analyse_chunk`` wrote already (``pass1.AnalysedChunk``). Either way the run is
+        durable before this returns (a checkpoint may name it next). ``remaining_fraction``: the share
+        of the corpus still to read (for the space a full disk needs)."""
+        path = run_path(self.workdir, self.chunks)
+        error: OSError | None = None
+        if isinstance(chunk, list):
+            run = make_run(chunk, self.analyzer, 0)
+            postings, written = run.n_postings, 0
+            try:
+                written = write_run(path, run)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                error = exc
+        else:
+            if chunk.span.index != self.chunks:
+                raise ValueError(f"chunk {chunk.span.index} added as chunk {self.chunks}")
+            postings, written = chunk.run_postings, chunk.run_bytes
+            if chunk.run_error is not None:
+                error = OSError(*chunk.run_error)
+        if error is not None:
+            done = self.passages + len(chunk)
             frac = remaining_fraction if remaining_fraction is not None else 0.0
-            per_passage = (self.run_bytes + run.n_postings * RUN_BYTES_PER_POSTING) / max(done, 1)
+            per_passage = (self.run_bytes + postings * RUN_BYTES_PER_POSTING) / max(done, 1)
             runs_total = per_passage * (done / max(1e-9, 1 - frac) if frac < 1 else done)
             # the runs still to write, then the index written from them (about as large as the runs)
             needed = int(runs_total - self.run_bytes + runs_total)
-            raise SpillDiskFull(self.workdir, needed, exc) from exc
+            raise SpillDiskFull(self.workdir, needed, error) from error
+        self.run_bytes += written
+        self._bases.append(self.passages)
         self.chunks += 1
-        self.passages += len(docs)
+        self.passages += len(chunk)
 
     def runs(self) -> list[RunFile]:
-        return [RunFile(_run_path(self.workdir, k)) for k in range(self.chunks)]
+        """The runs added, each with its base (the passages of the runs before it)."""
+        return [RunFile(run_path(self.workdir, k), self._bases[k]) for k in range(self.chunks)]
 
     def postings(self) -> int:
         return sum(r.n_postings for r in self.runs())

@@ -1,9 +1,15 @@
 """The streaming build behind ``searchr1 index build``: read once, in chunks, checkpointed, bounded memory.
 
-    corpus --chunks of passages--> docstore (docs.jsonl, offsets)      every chunk: fsync, then
-                               \\-> bm25 runs | dense vectors on disk     .build/state.json
+    corpus --chunks of lines--> workers: parse, analyse, compress (``pass1``)
+           --> passage store (docs.zst, compressed passages)          every chunk: fsync, then
+           \\-> bm25 runs | dense vectors on disk                       .build/state.json
     end of corpus --> bm25: scores column range by range | dense: train on a sample, add in blocks
                   --> manifest.json, written last (atomically); .build/ removed
+
+The first pass runs on ``workers`` processes (``pass1``); whatever their number, every file written
+is the same byte for byte. Memory: each worker holds one chunk (``chunk_passages`` lines), and no
+more workers are started than ``memory_mb`` holds chunks of (``PASS1_BYTES_PER_PASSAGE``); the
+final pass merges ``memory_mb`` of postings at a time.
 
 An interrupted build (killed, machine rebooted, disk full) leaves ``.build/state.json`` naming the last
 finished chunk; ``resume=True`` continues from there after checking that the corpus has the same
@@ -36,18 +42,33 @@ from searchr1.retrieval.checkpoint import (
     read_state,
     write_state,
 )
-from searchr1.retrieval.corpus import Document, file_sha256, read_corpus
+from searchr1.retrieval.corpus import ReadPosition, file_sha256
 from searchr1.retrieval.dense import DENSE_DIR, INDEX_FILE, PARAMS_FILE, DenseParams, Encoder
 from searchr1.retrieval.dense_build import DenseIndexSpec, fill_index, new_index, training_sample
-from searchr1.retrieval.docstore import DOCS_FILE, OFFSETS_FILE, OFFSETS_RAW, DocStoreWriter
+from searchr1.retrieval.docstore import STORE_FILES, DocStoreWriter
 from searchr1.retrieval.ids import SeenIds
 from searchr1.retrieval.manifest import MANIFEST, Manifest
+from searchr1.retrieval.pass1 import (
+    AnalysedChunk,
+    Pass1Spec,
+    analysed_chunks,
+    chunk_spans,
+    commit_lines,
+    store_dictionary,
+    validate_chunking,
+)
 
 RUNS_DIR = "bm25_runs"
 VECTORS_FILE = "vectors.f32"
 IDS_FILE = "ids.u64"
 """The hashes of the passage ids read so far (``ids.SeenIds``), in the checkpoint folder."""
 PARTIAL_INDEX = "partial.faiss"
+STORE_SETTING = "zstd-frames"
+"""The passage store a build writes (``docstore``), in the settings: a build interrupted by an earlier
+version (another store, chunks of passages) is not resumed."""
+PASS1_BYTES_PER_PASSAGE = 6000
+"""A pass-1 worker's peak memory a passage of its chunk, beyond its ~110 MB of libraries (measured on
+generated wiki-like passages: 5.8 kB at chunks of 50,000, 7 kB at 10,000)."""
 
 
 @dataclass
@@ -66,8 +87,15 @@ class BuildRequest:
     show_progress: bool = True
     resume: bool | None = None
     """None: refuse when an unfinished build is in ``out``; True: continue it; False: start again."""
-    chunk_passages: int = 50_000
-    """Passages per chunk: the unit of memory (one chunk's tokens or vectors) and of checkpoints."""
+    chunk_passages: int = 20_000
+    """Lines per chunk (a passage each, or several with ``chunk_size``; fewer when the lines are long,
+    ``pass1.CHUNK_BYTES_PER_PASSAGE``): the unit of memory (one chunk's tokens or vectors), of the
+    workers' tasks and of checkpoints."""
+    workers: int = 1
+    """Processes of the first pass (parse, analyse, compress; ``pass1``); 1: this process. Fewer are
+    started when ``memory_mb`` does not hold a chunk for each. The index does not depend on it. The
+    processes are ``spawn``ed: a script that builds with several needs Python's
+    ``if __name__ == "__main__":`` guard around what it runs."""
     memory_mb: float = 512
     """BM25: the postings merged at a time in the final pass (``bm25_build.BYTES_PER_POSTING`` each);
     with one chunk of the first pass, what bounds the build's memory."""
@@ -113,8 +141,17 @@ class _BM25Sink:
     def start(self, state: BuildState) -> None:
         self.builder = BM25StreamBuilder(build_dir(self.req.out) / RUNS_DIR, self.params, state.chunks)
 
-    def add(self, docs: list[Document], state: BuildState, remaining: float | None = None) -> None:
-        self.builder.add_chunk(docs, remaining)
+    def pass1(self, store_dict: bytes | None) -> Pass1Spec:
+        return Pass1Spec(str(self.req.corpus), self.req.chunk_size, self.req.overlap, self.params,
+                         str(build_dir(self.req.out) / RUNS_DIR), store_dict=store_dict)  # fmt: skip
+
+    def add(self, chunk: AnalysedChunk, state: BuildState, remaining: float | None = None) -> None:
+        self.builder.add_chunk(chunk, remaining)
+
+    def discard_ahead(self) -> None:
+        """Remove runs that workers wrote for chunks not added (a build stopped on an error)."""
+        if self.builder is not None:
+            self.builder.drop_uncommitted()
 
     def finish(self, state: BuildState) -> dict[str, Any]:
         total = self.builder.postings()
@@ -147,7 +184,15 @@ class _DenseSink:
         with self.vectors.open("ab") as fh:
             fh.truncate(size)  # drop vectors written after the last checkpoint
 
-    def add(self, docs: list[Document], state: BuildState, remaining: float | None = None) -> None:
+    def pass1(self, store_dict: bytes | None) -> Pass1Spec:
+        return Pass1Spec(str(self.req.corpus), self.req.chunk_size, self.req.overlap, keep_docs=True,
+                         store_dict=store_dict)  # fmt: skip
+
+    def discard_ahead(self) -> None:
+        pass
+
+    def add(self, chunk: AnalysedChunk, state: BuildState, remaining: float | None = None) -> None:
+        docs = chunk.docs or []
         if not docs:
             return
         vecs = self.encoder.encode_passages(docs)
@@ -200,7 +245,7 @@ class _DenseSink:
 
 def _clear_outputs(out: Path) -> None:
     """Remove what an earlier build may have left in ``out`` (only the files a build writes)."""
-    for name in (MANIFEST, DOCS_FILE, OFFSETS_FILE, OFFSETS_RAW):
+    for name in (MANIFEST, *STORE_FILES):
         (out / name).unlink(missing_ok=True)
     for sub in (BM25_DIR, DENSE_DIR):
         shutil.rmtree(out / sub, ignore_errors=True)
@@ -220,13 +265,15 @@ def run_build(req: BuildRequest) -> Manifest:
             f"--memory-mb {req.memory_mb:g} is below what one chunk of {req.chunk_passages:,} passages needs "
             f"in the merge ({least:.2f} MB): raise --memory-mb or lower --chunk-passages"
         )
-    reader = read_corpus(req.corpus, req.chunk_size, req.overlap, req.skip_bad_lines)
+    validate_chunking(req.chunk_size, req.overlap)
+    if req.workers < 1:
+        raise ValueError(f"workers must be >= 1, got {req.workers}")
     if not Path(req.corpus).is_file():
         raise ValueError(f"corpus file not found: {req.corpus}")
     t_start = time.perf_counter()
     sink = _BM25Sink(req) if req.retriever == "bm25" else _DenseSink(req)
     settings = {"retriever": req.retriever, "chunk_size": req.chunk_size, "overlap": req.overlap,
-                "chunk_passages": req.chunk_passages, **sink.settings()}  # fmt: skip
+                "chunk_passages": req.chunk_passages, "store": STORE_SETTING, **sink.settings()}  # fmt: skip
     req.out.mkdir(parents=True, exist_ok=True)
     digest = file_sha256(req.corpus)
     state = read_state(req.out)
@@ -242,11 +289,12 @@ def run_build(req: BuildRequest) -> Manifest:
     else:
         _clear_outputs(req.out)
         state = BuildState(req.retriever, str(Path(req.corpus).resolve()), digest, settings)
+    workers = None  # the first pass's processes (None: it was done before this run)
     with disk_errors(req.out):
         write_state(req.out, state)
         sink.start(state)
         if state.phase == "read":
-            _read_phase(req, reader, sink, state, resumed)
+            workers = _read_phase(req, sink, state, resumed)
         params = sink.finish(state)
         manifest = Manifest(
             retriever=req.retriever,
@@ -263,6 +311,7 @@ def run_build(req: BuildRequest) -> Manifest:
                 "seconds_this_run": round(time.perf_counter() - t_start, 3),
                 "resumed": resumed,
                 "chunks": state.chunks,
+                "workers": workers,
             },
         )
         clear_state(req.out)
@@ -271,34 +320,55 @@ def run_build(req: BuildRequest) -> Manifest:
     return manifest
 
 
-def _read_phase(req: BuildRequest, reader, sink, state: BuildState, resumed: bool) -> None:
-    """Stream the corpus chunk by chunk into the docstore and the sink, checkpointing each chunk."""
-    writer = DocStoreWriter(req.out, resume_at=(state.passages, state.docstore_bytes) if resumed else None)
-    reader.seen = SeenIds(build_dir(req.out) / IDS_FILE, state.passages if resumed else 0)
+def pass1_workers(req: BuildRequest) -> int:
+    """The workers of the first pass: as asked, but no more than ``memory_mb`` holds chunks of (one
+    always: a build held one chunk before it had workers). At the defaults (20,000 lines a chunk,
+    512 MB): 4."""
+    per_chunk = req.chunk_passages * PASS1_BYTES_PER_PASSAGE
+    return max(1, min(req.workers, int(req.memory_mb * (1 << 20) // max(per_chunk, 1))))
+
+
+def _read_phase(req: BuildRequest, sink, state: BuildState, resumed: bool) -> int:
+    """Stream the corpus chunk by chunk (``pass1``) into the passage store and the sink, checkpointing
+    each chunk; returns the workers used."""
+    if resumed and state.chunks:  # the dictionary written when the build started
+        writer = DocStoreWriter(req.out, resume_at=(state.passages, state.docstore_bytes))
+    else:
+        writer = DocStoreWriter(req.out, dictionary=store_dictionary(req.corpus, req.chunk_size, req.overlap))
+    seen = SeenIds(build_dir(req.out) / IDS_FILE, state.passages if resumed else 0)
     size = Path(req.corpus).stat().st_size
     bar = _Bar(req.show_progress, total=size, initial=state.offset, unit="B", unit_scale=True,
                unit_divisor=1024, desc=f"{req.retriever}: reading corpus")  # fmt: skip
     t0, start_passages = time.perf_counter(), state.passages
+    workers = pass1_workers(req)
+    spec = sink.pass1(writer.dictionary)
+    chunks = analysed_chunks(spec, chunk_spans(req.corpus, state.position, req.chunk_passages, state.chunks),
+                             workers)  # fmt: skip
     try:
-        for docs, position in reader.batches(req.chunk_passages, state.position):
-            for d in docs:
-                writer.add(d)
-            sink.add(docs, state, 1 - position.offset / max(size, 1))
-            reader.seen.sync()
+        for analysed in chunks:
+            chunk = commit_lines(analysed, spec, seen, req.skip_bad_lines)
+            writer.append(chunk.frames, chunk.sizes)
+            sink.add(chunk, state, 1 - chunk.span.end / max(size, 1))
+            seen.sync()
             count, nbytes = writer.sync()
-            state.advance(position, count, nbytes)
+            skipped = state.skipped + len(chunk.bad) + len(chunk.skipped_repeats)
+            state.advance(ReadPosition(chunk.span.end, chunk.end_lineno, skipped), count, nbytes)
             write_state(req.out, state)
             rate = (count - start_passages) / max(time.perf_counter() - t0, 1e-9)
-            bar.to(position.offset, passages=count, per_s=f"{rate:,.0f}")
+            bar.to(chunk.span.end, passages=count, per_s=f"{rate:,.0f}")
         if state.passages == 0:
             clear_state(req.out)
             raise ValueError(f"corpus {req.corpus} holds no documents")
         writer.close()
     except BaseException:
         writer.abort()
+        chunks.close()  # the workers stopped before their runs are removed
+        sink.discard_ahead()
         raise
     finally:
-        reader.seen.close()
+        chunks.close()
+        seen.close()
         bar.close()
     state.phase = "index"
     write_state(req.out, state)
+    return workers

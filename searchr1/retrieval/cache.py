@@ -54,5 +54,8 @@ class CachedRetriever(Retriever):
     def __len__(self) -> int:
         return len(self._entries)
 
+    def warm_up(self) -> str | None:
+        return self.inner.warm_up()
+
     def close(self) -> None:
         self.inner.close()

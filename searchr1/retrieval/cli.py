@@ -89,8 +89,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="discard an unfinished build in --out and start again",
     )
     b.add_argument(
-        "--chunk-passages", type=int, default=50_000,
-        help="passages read, indexed and checkpointed at a time (default 50000)",
+        "--chunk-passages", type=int, default=20_000,
+        help="lines (passages) read, indexed and checkpointed at a time, by one worker (default 20000)",
+    )  # fmt: skip
+    b.add_argument(
+        "--workers", type=int, default=None,
+        help="processes that parse, analyse and compress the chunks (default: the cores this process may "
+        "use; fewer when --memory-mb does not hold a chunk each); the index is the same whatever the number",
     )  # fmt: skip
     g = b.add_argument_group("bm25 (defaults: preset pyserini, Search-R1's retriever)")
     g.add_argument(
@@ -253,6 +258,7 @@ def _index_build(args: argparse.Namespace) -> int:
             resume=args.resume,
             chunk_passages=args.chunk_passages,
             memory_mb=args.memory_mb,
+            workers=args.workers if args.workers is not None else _usable_cores(),
             dense={
                 "nlist": args.nlist,
                 "pq_m": args.pq_m,

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 
 class CorpusError(ValueError):
     """A corpus file or line cannot be read; the message names the file and line number."""
@@ -58,9 +60,12 @@ def split_contents(contents: str) -> tuple[str, str]:
 def parse_line(line: str) -> Document:
     """Parse one jsonl line into a ``Document``; raises ``ValueError`` with the reason."""
     try:
-        row = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"invalid JSON ({exc.msg} at column {exc.colno})") from None
+        row = orjson.loads(line)  # ~3x json's speed; what it refuses is read (or refused) by json
+    except orjson.JSONDecodeError:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"invalid JSON ({exc.msg} at column {exc.colno})") from None
     if not isinstance(row, dict):
         raise ValueError(f"expected a JSON object, got {type(row).__name__}")
     if "id" not in row:
@@ -175,39 +180,58 @@ class CorpusReader:
                 lineno += 1
                 offset += len(raw)
                 try:
-                    line = raw.decode("utf-8")
-                    if not line.strip():
-                        yield [], ReadPosition(offset, lineno, skipped)
-                        continue
-                    doc = parse_line(line)
+                    docs = parse_raw_line(raw, self.chunk_size, self.overlap)
                 except (ValueError, UnicodeDecodeError) as exc:
-                    reason = "invalid UTF-8" if isinstance(exc, UnicodeDecodeError) else str(exc)
+                    reason = bad_line_reason(exc)
                     if not self.skip_bad_lines:
-                        raise CorpusError(
-                            f"{path}:{lineno}: {reason} (pass --skip-bad-lines to skip and count such lines)"
-                        ) from None
+                        raise CorpusError(bad_line_message(path, lineno, reason)) from None
                     self.bad_lines.append((lineno, reason))
                     skipped += 1
                     yield [], ReadPosition(offset, lineno, skipped)
                     continue
-                docs = (
-                    [doc] if self.chunk_size is None else chunk_document(doc, self.chunk_size, self.overlap)
-                )
-                if self.seen is not None:
-                    repeat = next(((d.id, r) for d in docs if (r := self.seen.row_of(d.id)) is not None), None)
+                if self.seen is not None and docs:
+                    repeat = repeated_id(self.seen, docs)
                     if repeat is not None:
-                        reason = f"id {repeat[0]!r} repeats the id of passage {repeat[1]} (row {repeat[1]} of the index)"
                         if not self.skip_bad_lines:
-                            raise CorpusError(
-                                f"{path}:{lineno}: {reason}; ids must be unique (pass --skip-bad-lines to skip "
-                                "and count such lines, keeping the first)"
-                            )
-                        self.bad_lines.append((lineno, reason))
+                            raise CorpusError(repeated_id_message(path, lineno, repeat))
+                        self.bad_lines.append((lineno, repeat_reason(repeat)))
                         skipped += 1
                         yield [], ReadPosition(offset, lineno, skipped)
                         continue
                     self.seen.add([d.id for d in docs])
                 yield docs, ReadPosition(offset, lineno, skipped)
+
+
+def parse_raw_line(raw: bytes, chunk_size: int | None = None, overlap: int = 0) -> list[Document]:
+    """The passages of one corpus line (bytes, with or without its newline): none for a blank line;
+    ``ValueError`` / ``UnicodeDecodeError`` for a malformed one (``bad_line_reason`` says why)."""
+    line = raw.decode("utf-8")
+    if not line.strip():
+        return []
+    doc = parse_line(line)
+    return [doc] if chunk_size is None else chunk_document(doc, chunk_size, overlap)
+
+
+def bad_line_reason(exc: Exception) -> str:
+    return "invalid UTF-8" if isinstance(exc, UnicodeDecodeError) else str(exc)
+
+
+def bad_line_message(path: str | Path, lineno: int, reason: str) -> str:
+    return f"{path}:{lineno}: {reason} (pass --skip-bad-lines to skip and count such lines)"
+
+
+def repeated_id(seen: Any, docs: list[Document]) -> tuple[str, int] | None:
+    """(id, row of its first passage) of the first of a line's passages whose id was read before."""
+    return next(((d.id, r) for d in docs if (r := seen.row_of(d.id)) is not None), None)
+
+
+def repeat_reason(repeat: tuple[str, int]) -> str:
+    return f"id {repeat[0]!r} repeats the id of passage {repeat[1]} (row {repeat[1]} of the index)"
+
+
+def repeated_id_message(path: str | Path, lineno: int, repeat: tuple[str, int]) -> str:
+    return (f"{path}:{lineno}: {repeat_reason(repeat)}; ids must be unique (pass --skip-bad-lines to skip "
+            "and count such lines, keeping the first)")  # fmt: skip
 
 
 def read_corpus(

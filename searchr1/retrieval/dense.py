@@ -309,8 +309,8 @@ class DenseRetriever(Retriever):
             for s, r in zip(srow, rrow, strict=True):
                 if r < 0:
                     continue
-                d = self.docs[int(r)]
-                hits.append(Hit(d.id, d.title, d.text, float(s)))
+                d, wire = self.docs.with_wire(int(r))
+                hits.append(Hit(d.id, d.title, d.text, float(s), wire))
             out.append(hits)
         return out
 

@@ -42,6 +42,10 @@ class HybridRetriever(Retriever):
         a, b = (r.search(list(queries), n) for r in self.retrievers)
         return [reciprocal_rank_fusion([ha, hb], topk, self.k) for ha, hb in zip(a, b, strict=True)]
 
+    def warm_up(self) -> str | None:
+        done = [w for w in (r.warm_up() for r in self.retrievers) if w]
+        return "; ".join(done) or None
+
     def close(self) -> None:
         for r in self.retrievers:
             r.close()

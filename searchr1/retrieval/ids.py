@@ -28,6 +28,11 @@ def id_hash(doc_id: str) -> int:
     return int.from_bytes(hashlib.blake2b(doc_id.encode("utf-8"), digest_size=8).digest(), "little")
 
 
+def id_hashes(ids: Sequence[str]) -> np.ndarray:
+    """``id_hash`` of each id, as uint64."""
+    return np.fromiter((id_hash(i) for i in ids), dtype=np.uint64, count=len(ids))
+
+
 class SeenIds:
     """The ids of the passages read so far (see the module docstring)."""
 
@@ -69,6 +74,31 @@ class SeenIds:
         """Record the ids of the next passages (rows ``count``, ``count + 1``, ...)."""
         for doc_id in ids:
             self.recent[id_hash(doc_id)] = self.count
+            self.count += 1
+        if len(self.recent) >= BLOCK:
+            self._spill()
+
+    def any_seen(self, hashes: np.ndarray) -> bool:
+        """Whether any of ``hashes`` (of ids to be read next) was recorded before or occurs twice among
+        them: a vectorised filter (False: none of those ids repeats; True: look at them one by one)."""
+        hashes = np.asarray(hashes, dtype=np.uint64)
+        if len(hashes) == 0:
+            return False
+        if len(np.unique(hashes)) != len(hashes):
+            return True
+        recent = self.recent
+        if recent and any(h in recent for h in hashes.tolist()):
+            return True
+        for block in self.blocks:
+            pos = np.minimum(np.searchsorted(block, hashes), len(block) - 1)
+            if np.any(block[pos] == hashes):
+                return True
+        return False
+
+    def add_hashes(self, hashes: np.ndarray) -> None:
+        """``add`` for ids given by their hashes (``id_hashes``), none of them seen (``any_seen``)."""
+        for h in np.asarray(hashes, dtype=np.uint64).tolist():
+            self.recent[h] = self.count
             self.count += 1
         if len(self.recent) >= BLOCK:
             self._spill()

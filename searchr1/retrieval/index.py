@@ -5,7 +5,8 @@
     load_index("idx/", corpus="other.jsonl")            # IndexMismatchError: checksum differs
 
 Folder layout: ``manifest.json`` (retriever, model, corpus path + sha256, document count, creation
-time, parameters; written last), ``docs.jsonl`` + ``docs.offsets.npy`` (passages), and ``bm25/`` or
+time, parameters; written last), the passage store (``docs.zst`` + ``docs.blocks.npy`` +
+``docs.store.json``; ``docs.jsonl`` + ``docs.offsets.npy`` from earlier versions), and ``bm25/`` or
 ``dense/``; while a build runs (or after it was interrupted) also ``.build/`` (see
 :mod:`searchr1.retrieval.build`).
 """
@@ -41,20 +42,23 @@ def build_index(
     device: str | None = None,
     show_progress: bool = True,
     resume: bool | None = None,
-    chunk_passages: int = 50_000,
+    chunk_passages: int = 20_000,
     memory_mb: float = 512,
     dense: dict[str, Any] | None = None,
+    workers: int = 1,
 ) -> Manifest:
     """Read ``corpus`` once, in chunks of ``chunk_passages``, and write the passages and the
     ``retriever`` index (bm25 | dense) into ``out``; see :mod:`searchr1.retrieval.build` for the
-    checkpoints (``resume``), the memory bound (``memory_mb``) and the dense options (``dense``:
-    ``nlist``, ``pq_m``, ``hnsw_m``, ``ef_construction``, ``train_size``)."""
+    checkpoints (``resume``), the memory bound (``memory_mb``), the first pass's processes
+    (``workers``) and the dense options (``dense``: ``nlist``, ``pq_m``, ``hnsw_m``,
+    ``ef_construction``, ``train_size``)."""
     return run_build(
         BuildRequest(
             corpus=Path(corpus), out=Path(out), retriever=retriever, chunk_size=chunk_size,
             overlap=overlap, skip_bad_lines=skip_bad_lines, bm25=bm25 or {}, model=model,
             index_type=index_type, batch_size=batch_size, device=device, show_progress=show_progress,
             resume=resume, chunk_passages=chunk_passages, memory_mb=memory_mb, dense=dense or {},
+            workers=workers,
         )
     )  # fmt: skip
 
@@ -97,10 +101,13 @@ def load_index(
     folder = Path(folder)
     manifest = Manifest.read(folder)
     check_manifest(manifest, folder, corpus, model)
+    how = REBUILD.replace("CORPUS", manifest.corpus or "CORPUS").replace("FOLDER", str(folder))
     try:
         docs = DocStore.open(folder)
     except FileNotFoundError as exc:
         raise IndexLoadError(f"index {folder} is incomplete: {exc.filename} is missing") from exc
+    except DamagedIndex as exc:
+        raise IndexLoadError(str(exc).replace(REBUILD, how)) from None
     if len(docs) != manifest.num_documents:
         raise IndexLoadError(
             f"index {folder} is inconsistent: manifest says {manifest.num_documents} documents, store holds {len(docs)}"
@@ -115,6 +122,5 @@ def load_index(
     except FileNotFoundError as exc:
         raise IndexLoadError(f"index {folder} is incomplete: {exc.filename} is missing") from exc
     except DamagedIndex as exc:
-        how = REBUILD.replace("CORPUS", manifest.corpus or "CORPUS").replace("FOLDER", str(folder))
         raise IndexLoadError(str(exc).replace(REBUILD, how)) from None
     raise IndexLoadError(f"index {folder}: unknown retriever {manifest.retriever!r} in {MANIFEST}")

@@ -63,5 +63,8 @@ class RerankRetriever(Retriever):
             out.append(rescored[:topk])
         return out
 
+    def warm_up(self) -> str | None:
+        return self.base.warm_up()
+
     def close(self) -> None:
         self.base.close()

@@ -148,14 +148,22 @@ def create_app(
     default_topk: int = 3,
     num_documents: int | None = None,
     access_log: bool = True,
+    warm_up: bool = True,
 ) -> FastAPI:
     """The FastAPI app answering ``/retrieve`` and ``/health`` with ``retriever``.
 
     ``api_key``: when set, every ``/retrieve`` call needs ``Authorization: Bearer <api_key>``.
     ``access_log``: one INFO line per request on logger ``searchr1.server.access``.
+    ``warm_up``: prepare the retriever before the app is returned (``Retriever.warm_up``: BM25 compiles
+    its kernel, 30-60 s the first time on a machine, then loaded from numba's on-disk cache), so the
+    first request does not wait for it; logged at INFO on ``searchr1.server``.
     """
     limits = limits or ServerLimits()
     limits.validate()
+    if warm_up and callable(getattr(retriever, "warm_up", None)):
+        done = retriever.warm_up()
+        if done:
+            log.info("warm-up: %s", done)
     if num_documents is None and hasattr(retriever, "docs"):
         num_documents = len(retriever.docs)
     batcher = FairBatcher(retriever, limits.max_batch_queries)

@@ -35,7 +35,7 @@ def test_mismatched_corpus_or_model_is_a_clear_error(corpus_file, tmp_path):
         load_index(tmp_path / "idx", model="some/encoder")
     with pytest.raises(IndexLoadError, match="not an index folder"):
         load_index(tmp_path)
-    (tmp_path / "idx" / "docs.offsets.npy").unlink()
+    (tmp_path / "idx" / "docs.frames.npy").unlink()  # the passage store's offset table
     with pytest.raises(IndexLoadError, match="incomplete"):
         load_index(tmp_path / "idx")
 

@@ -169,3 +169,26 @@ def test_backend_failure_is_503_and_server_recovers(docs, bm25):
             HTTP.post(f"{url}/retrieve", json={"queries": [docs[2].title]}).json()["result"][0][0]["id"]
             == docs[2].id
         )
+
+
+def test_the_server_answers_its_first_query_with_the_kernel_already_compiled(tmp_path, corpus_file, docs, caplog):
+    from searchr1.retrieval.bm25_kernel import top_k_batch
+    from searchr1.retrieval.index import build_index, load_index
+
+    build_index(corpus_file, tmp_path / "idx", show_progress=False)
+    retriever = load_index(tmp_path / "idx")
+    assert not retriever.kernel_ready  # loading compiles nothing
+    with caplog.at_level("INFO", logger="searchr1.server"):
+        app = create_app(retriever)
+    assert retriever.kernel_ready  # the warm-up ran the kernel on this index's arrays
+    assert any(r.getMessage().startswith("warm-up: BM25 kernel ") for r in caplog.records)
+    compiled = len(top_k_batch.signatures)
+    with serve_in_thread(app) as (url, _):
+        first = HTTP.post(f"{url}/retrieve", json={"queries": [docs[7].title], "topk": 1}).json()
+    assert first["result"][0][0]["id"] == docs[7].id
+    assert len(top_k_batch.signatures) == compiled  # the first query compiled nothing new
+    retriever.close()
+    cold = load_index(tmp_path / "idx")
+    create_app(cold, warm_up=False)
+    assert not cold.kernel_ready
+    cold.close()

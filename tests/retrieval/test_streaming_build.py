@@ -428,3 +428,88 @@ def test_repeated_ids_and_empty_passages_are_named_by_line_or_skipped_keeping_th
     assert m.num_documents == 97 and m.skipped_lines == 3
     r = load_index(tmp_path / "b")
     assert [h.id for h in r.search(["w7x"], 3)[0]] == ["7"] and r.docs[7].title == "T7"
+
+
+def _awkward_corpus(path: Path) -> Path:
+    """Lines a pass over a real corpus meets: blank ones, malformed ones, an id repeated in a later
+    chunk and in the same chunk, long documents cut into several passages, no final newline."""
+    lines = [json.dumps({"id": str(i), "contents": f'"T{i % 7}"\n' + " ".join(f"w{(i * j) % 97}x" for j in range(8 + i % 30))})
+             for i in range(260)]  # fmt: skip
+    lines[5] = ""
+    lines[17] = "{not json"
+    lines[60] = json.dumps({"id": "3", "contents": '"Again"\nrepeats an id of the first chunk'})
+    lines[61] = json.dumps({"id": "61", "contents": '"Twice"\nfirst of two'})
+    lines[62] = json.dumps({"id": "61", "contents": '"Twice"\nrepeats the line before'})
+    lines[150] = json.dumps({"id": "150", "title": "Long", "text": " ".join(f"v{j}x" for j in range(95))})
+    lines[200] = "   "
+    path.write_text("\n".join(lines))  # no newline after the last line
+    return path
+
+
+def test_the_index_is_the_same_byte_for_byte_whatever_the_number_of_workers(tmp_path):
+    corpus = _awkward_corpus(tmp_path / "c.jsonl")
+    opts = {"chunk_passages": 30, "chunk_size": 40, "skip_bad_lines": True, "show_progress": False}
+    one = build_index(corpus, tmp_path / "one", workers=1, **opts)
+    two = build_index(corpus, tmp_path / "two", workers=2, memory_mb=512, **opts)
+    assert two.build["workers"] == 2 and one.build["workers"] == 1
+    assert one.skipped_lines == two.skipped_lines == 3  # the malformed line and the two repeats
+    assert one.num_documents == two.num_documents == 255 + 2  # line 150 is three passages of 40 words
+    files = _files(tmp_path / "one")
+    assert {"docs.zst", "docs.frames.npy", "docs.dict", "docs.store.json", "bm25/postings.u8.npy"} <= set(files)
+    assert files == _files(tmp_path / "two")
+    r = load_index(tmp_path / "two")
+    assert r.docs[3].id == "3" and [h.id for h in r.search(["repeats an id"], 3)[0]] == []
+
+
+def test_the_same_index_in_one_process_as_from_the_documents(tmp_path):
+    docs = _zipf_docs(200, seed=9)
+    corpus = write_corpus(docs, tmp_path / "c.jsonl")
+    build_index(corpus, tmp_path / "idx", chunk_passages=45, show_progress=False, workers=2)
+    r = load_index(tmp_path / "idx")
+    assert [r.docs[i] for i in range(200)] == docs
+    in_memory = BM25Retriever.from_documents(docs)
+    assert all(np.array_equal(a, b) for a, b in zip(r.csc(), in_memory.csc(), strict=True))
+
+
+def test_a_build_on_two_workers_interrupted_then_resumed_equals_an_uninterrupted_one(tmp_path, monkeypatch):
+    corpus = _awkward_corpus(tmp_path / "c.jsonl")
+    opts = {"chunk_passages": 30, "skip_bad_lines": True, "show_progress": False}
+    build_index(corpus, tmp_path / "whole", workers=1, **opts)
+    with monkeypatch.context() as m:
+        _interrupt_after(m, BM25StreamBuilder, "add_chunk", 4, KeyboardInterrupt())
+        with pytest.raises(KeyboardInterrupt):
+            build_index(corpus, tmp_path / "cut", workers=2, **opts)
+    state = read_state(tmp_path / "cut")
+    assert state.chunks == 4 and state.skipped == 3
+    runs = sorted(p.name for p in (tmp_path / "cut" / ".build" / "bm25_runs").iterdir())
+    assert runs == [f"run_{k:06d}.run" for k in range(4)]  # what workers wrote ahead was removed
+    build_index(corpus, tmp_path / "cut", workers=2, resume=True, **opts)
+    assert _files(tmp_path / "cut") == _files(tmp_path / "whole")
+
+
+def test_chunks_are_cut_on_lines_by_count_and_by_bytes(tmp_path, monkeypatch):
+    from searchr1.retrieval import pass1
+
+    path = tmp_path / "c.jsonl"
+    path.write_bytes(b"a\n" * 7 + b"b" * 5000 + b"\n" + b"c\n\n" + b"tail")
+    data = path.read_bytes()
+    spans = list(pass1.chunk_spans(path, ReadPosition(), 3, 0))  # 3 lines, at most 6,144 bytes
+    assert [data[s.start : s.end] for s in spans] == [b"a\na\na\n", b"a\na\na\n", b"a\n" + b"b" * 5000 + b"\nc\n",
+                                                     b"\ntail"]  # fmt: skip
+    assert [s.lineno for s in spans] == [0, 3, 6, 9] and [s.index for s in spans] == [0, 1, 2, 3]
+    # 2 lines, at most 4,096 bytes: the long line is a chunk of its own; from a checkpoint's position
+    later = list(pass1.chunk_spans(path, ReadPosition(6, 3, 0), 2, 5))
+    assert [data[s.start : s.end] for s in later] == [b"a\na\n", b"a\na\n", b"b" * 5000 + b"\n", b"c\n\n", b"tail"]
+    assert [s.index for s in later] == [5, 6, 7, 8, 9] and [s.lineno for s in later] == [3, 5, 7, 8, 10]
+    monkeypatch.setattr(pass1, "READ_BLOCK", 3)  # lines across many reads
+    assert list(pass1.chunk_spans(path, ReadPosition(), 3, 0)) == spans
+
+
+def test_no_more_workers_than_the_memory_budget_holds_chunks_for():
+    def workers(**kw):
+        return build_mod.pass1_workers(build_mod.BuildRequest(Path("c.jsonl"), Path("out"), **kw))
+
+    assert workers(workers=8) == 4  # 512 MB at 20,000 passages a chunk of ~6 kB each
+    assert workers(workers=2) == 2 and workers(workers=1) == 1
+    assert workers(workers=8, memory_mb=100) == 1  # one chunk always
+    assert workers(workers=8, chunk_passages=5_000, memory_mb=512) == 8

@@ -44,17 +44,18 @@ MAY_IMPORT = {
     # errors (vLLM missing, a dead server) are user-facing
     "searchr1.rollout": {
         "searchr1.data", "searchr1.retrieval", "searchr1.rewards", "searchr1.models", "searchr1.precision",
-        "searchr1.registry", "searchr1.errors", "searchr1.threads", "searchr1.modeling",
+        "searchr1.registry", "searchr1.errors", "searchr1.threads", "searchr1.modeling", "searchr1.hfcompat",
     },
     "searchr1.rewards": {"searchr1.data", "searchr1.registry"},
     "searchr1.algorithms": {"searchr1.registry"},
     "searchr1.trainer": {
         "searchr1.data", "searchr1.retrieval", "searchr1.rollout", "searchr1.rewards", "searchr1.algorithms",
         "searchr1.models", "searchr1.precision", "searchr1.errors", "searchr1.threads", "searchr1.modeling",
+        "searchr1.hfcompat",
     },
     "searchr1.evaluation": {
         "searchr1.data", "searchr1.retrieval", "searchr1.rollout", "searchr1.rewards",
-        "searchr1.config", "searchr1.models", "searchr1.errors",
+        "searchr1.config", "searchr1.models", "searchr1.errors", "searchr1.hfcompat",
     },
     "searchr1.report": {"searchr1.data", "searchr1.rewards", "searchr1.evaluation"},
     # the config tree: one section from each package that has one
@@ -70,6 +71,7 @@ MAY_IMPORT = {
     "searchr1.api": {"searchr1.config", "searchr1.trainer", "searchr1.algorithms", "searchr1.rewards"},
     "searchr1.models": {"searchr1.errors"},
     "searchr1.modeling": set(),
+    "searchr1.hfcompat": set(),
     "searchr1.memory": set(),
     "searchr1.precision": set(),
     "searchr1.threads": set(),

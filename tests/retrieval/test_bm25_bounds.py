@@ -88,14 +88,14 @@ def test_a_merge_budget_below_one_chunk_is_refused_before_any_work(tmp_path, cap
     from searchr1.cli import main
 
     corpus = write_corpus(_common_term_docs(20), tmp_path / "c.jsonl")
-    need = bm25_build.min_memory_mb(50_000)
-    assert 3 < need < 4
-    with pytest.raises(ValueError, match=r"--memory-mb 1 is below what one chunk of 50,000 passages needs in the merge \(3\.05 MB\)"):
+    need = bm25_build.min_memory_mb(20_000)  # the default chunk
+    assert 1 < need < 2
+    with pytest.raises(ValueError, match=r"--memory-mb 1 is below what one chunk of 20,000 passages needs in the merge \(1\.22 MB\)"):
         build_index(corpus, tmp_path / "idx", memory_mb=1, show_progress=False)
     assert not (tmp_path / "idx").exists()
-    assert main(["index", "build", "--corpus", str(corpus), "--out", str(tmp_path / "idx"), "--memory-mb", "2"]) == 2
+    assert main(["index", "build", "--corpus", str(corpus), "--out", str(tmp_path / "idx"), "--memory-mb", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "3.05 MB" in err[0] and not (tmp_path / "idx").exists()
+    assert len(err) == 1 and "1.22 MB" in err[0] and not (tmp_path / "idx").exists()
     build_index(corpus, tmp_path / "idx", memory_mb=1, chunk_passages=10_000, show_progress=False)  # 0.61 MB needed
 
 

@@ -327,6 +327,57 @@ def cpu_seconds(pid: int | str = "self") -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def tree_rss_gb(root: int) -> float:
+    """Resident memory (``VmRSS``) of process ``root`` and all its descendants, summed, in GB: an upper
+    bound of what a build with worker processes holds (pages of shared libraries count once per
+    process)."""
+    parents: dict[int, int] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                parents[int(name)] = int(Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    tree, grew = {root}, True
+    while grew:
+        grew = False
+        for pid, ppid in parents.items():
+            if ppid in tree and pid not in tree:
+                tree.add(pid)
+                grew = True
+    total = 0.0
+    for pid in tree:
+        try:
+            total += sum(rss_gb(pid))
+        except OSError:  # the process ended between the scan and the read
+            continue
+    return total
+
+
+class TreePeak:
+    """The peak of ``tree_rss_gb(os.getpid())`` sampled every ``every`` seconds while a step runs (a
+    build's pass-1 workers are processes of their own, whose memory ``VmHWM`` of the parent misses)."""
+
+    def __init__(self, every: float = 0.25) -> None:
+        self.every, self.peak = every, 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while True:
+            self.peak = max(self.peak, tree_rss_gb(os.getpid()))
+            if self._stop.wait(self.every):
+                return
+
+    def __enter__(self) -> TreePeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def peak_rss_gb() -> float:
     """This process's peak resident memory (``VmHWM``: since its last exec, unlike ``ru_maxrss``,
     which a child inherits from the process that forked it)."""
@@ -407,9 +458,12 @@ def _worker(task: dict[str, Any]) -> None:
     op = task["op"]
     t = time.perf_counter()
     if op == "build_bm25":
-        m = build_index(task["corpus"], task["out"], show_progress=False, resume=True,
-                        chunk_passages=task["chunk_passages"], memory_mb=task["memory_mb"])  # fmt: skip
+        with TreePeak() as tree:
+            m = build_index(task["corpus"], task["out"], show_progress=False, resume=True,
+                            chunk_passages=task["chunk_passages"], memory_mb=task["memory_mb"],
+                            workers=task.get("workers", 1))  # fmt: skip
         out["passages"] = m.num_documents
+        out["tree_peak_rss_gb"] = max(tree.peak, peak_rss_gb())
     elif op == "build_dense":
         vectors = open_vectors(Path(task["vectors"]), task["dim"])
         index = build_from_vectors(vectors, DenseIndexSpec(**task["spec"]))
@@ -418,7 +472,8 @@ def _worker(task: dict[str, Any]) -> None:
     elif op == "probe_dense":
         out.update(_probe_dense(task))
     out["seconds"] = time.perf_counter() - t
-    out["cpu_seconds"] = cpu_seconds()
+    times = os.times()  # this process and the worker processes it waited for
+    out["cpu_seconds"] = times.user + times.system + times.children_user + times.children_system
     out["peak_rss_gb"] = peak_rss_gb()
     print(json.dumps(out), flush=True)
 
@@ -671,6 +726,9 @@ def _index_digests(folder: Path) -> dict[str, str]:
     return out
 
 
+BUILD_CHUNK = 20_000
+"""Lines per chunk of the bench's BM25 builds: ``index build``'s default."""
+
 KILLED_WORKER = "import sys, json; from searchr1.bench.retrieval_scale import _worker; _worker(json.loads(sys.argv[1]))"
 """The code of the process that ``kill_and_resume_bm25`` kills (a test slows its merge down)."""
 
@@ -683,8 +741,8 @@ def kill_and_resume_bm25(corpus: Path, whole: Path, workdir: Path, threads: int,
 
     out = workdir / f"{whole.name}_killed"
     shutil.rmtree(out, ignore_errors=True)
-    task = {"op": "build_bm25", "corpus": str(corpus), "out": str(out), "chunk_passages": 50_000,
-            "memory_mb": memory_mb}  # fmt: skip
+    task = {"op": "build_bm25", "corpus": str(corpus), "out": str(out), "chunk_passages": BUILD_CHUNK,
+            "memory_mb": memory_mb, "workers": threads}  # fmt: skip
     t = time.perf_counter()
     with log.open("ab") as err:
         proc = subprocess.Popen([sys.executable, "-c", KILLED_WORKER, json.dumps(task)], env=thread_env(threads),
@@ -965,10 +1023,12 @@ def _bm25_size(n: int, args, workdir: Path, rows: dict, log: Path, seed: int) ->
         print(f"[{n:,}] bm25: building", flush=True)
         with LoadMonitor(args.threads) as load:
             res = run_worker({"op": "build_bm25", "corpus": str(corpus), "out": str(index),
-                              "chunk_passages": 50_000, "memory_mb": args.memory_mb}, args.threads, log)  # fmt: skip
+                              "chunk_passages": BUILD_CHUNK, "memory_mb": args.memory_mb, "workers": args.threads},
+                             args.threads, log)  # fmt: skip
         note_load(row, "build", load)
         row.update(build_s=res["seconds"], build_cpu_s=res.get("cpu_seconds"), build_peak_rss_gb=res["peak_rss_gb"],
-                   build_threads=args.threads)  # fmt: skip
+                   build_tree_peak_rss_gb=res.get("tree_peak_rss_gb"), build_threads=args.threads,
+                   build_workers=args.threads)  # fmt: skip
         row["disk_gb"], row["index_gb"] = _folder_gb(index), _folder_gb(index / "bm25")
         row["corpus_gb"] = corpus.stat().st_size / 1e9
         meta = json.loads((index / "bm25" / "params.index.json").read_text())
@@ -1135,6 +1195,7 @@ def targets(measured: list[dict[str, Any]], extra: list[dict[str, Any]], threads
         if q.get("serve_threads") != 2:
             basis += "; the target is for 2 cores: see the quiet-machine command in docs/results.md"
         put("bm25_qps_b128_largest", q.get("qps_b128"), 200, basis, lower_is_better=False)
+    _peer_targets([r for r in measured if r["kind"] == "bm25"], put, at)
     for r in measured:
         if r is largest(r["kind"], r.get("dim")) and r.get("start_s") is not None:
             put(f"serve_start_s_{r['kind']}_{r.get('dim') or ''}".rstrip("_"), r["start_s"], 30, at(r, "serve"))
@@ -1149,6 +1210,45 @@ def targets(measured: list[dict[str, Any]], extra: list[dict[str, Any]], threads
             put(f"{kind}_768_recall_at_3_21M", e.get("recall_at_3"), 0.9, extrapolated(e, "recall_at_3"),
                 lower_is_better=False)  # fmt: skip
     return out
+
+
+PEER_SIZE = 1_000_000
+"""The size at which the index size and build time are compared with Lucene's (issue 48)."""
+
+
+def _peer_targets(bm25: list[dict[str, Any]], put: Callable[..., None], at: Callable[[dict, str], str]) -> None:
+    """The targets against pyserini: at every size with a peer row, our server >= 1.0x and our
+    in-process search >= 1.3x pyserini's ``batch_search`` queries/s, our server >= 0.9x our in-process,
+    identical top-3 on every query; at 1M the index <= 1.2x Lucene's and the build <= 1.5x its time;
+    at the largest size the build's peak memory (all its processes) <= 1 GB; and the exponent of
+    queries/s between the two largest sizes >= -0.4 (``log(q2 / q1) / log(n2 / n1)``)."""
+    import math
+
+    for r in sorted(bm25, key=lambda r: r["n"]):
+        p, n = r.get("peer") or {}, r["n"]
+        if not p or p.get("skipped"):
+            continue
+        basis = f"measured at {n:,} on {p['queries']} queries, {p['threads']} thread(s), load {p['load']['max']}"
+        put(f"bm25_server_over_pyserini_{n}", p["server_over_pyserini"], 1.0, basis, lower_is_better=False)
+        put(f"bm25_inprocess_over_pyserini_{n}", p["inprocess_over_pyserini"], 1.3, basis, lower_is_better=False)
+        put(f"bm25_server_over_inprocess_{n}", p["server_over_inprocess"], 0.9, basis, lower_is_better=False)
+        put(f"bm25_identical_top3_share_{n}", p["identical_top3"] / p["queries"], 1.0, basis, lower_is_better=False)
+        if n == PEER_SIZE:
+            put("bm25_index_over_lucene_1M", p.get("index_size_ratio"), 1.2, basis + " (whole folders on disk)")
+            put("bm25_build_over_lucene_1M", p.get("build_time_ratio"), 1.5, at(r, "build") + f"; {p['threads']} threads")
+    built = [r for r in bm25 if r.get("build_tree_peak_rss_gb")]
+    if built:
+        top = max(built, key=lambda r: r["n"])
+        put(f"bm25_build_tree_peak_rss_gb_{top['n']}", top["build_tree_peak_rss_gb"], 1.0,
+            at(top, "build") + f" ({top.get('build_workers', 1)} pass-1 worker(s); all processes summed)")  # fmt: skip
+    served = sorted((r for r in bm25 if r.get("qps_b128")), key=lambda r: r["n"])
+    if len(served) > 1:
+        a, b = served[-2], served[-1]
+        for key in ("qps_b128", "qps_b128_inprocess"):
+            if a.get(key) and b.get(key):
+                slope = math.log(b[key] / a[key]) / math.log(b["n"] / a["n"])
+                put(f"bm25_{key}_exponent_{a['n']}_{b['n']}", slope, -0.4,
+                    f"{at(a, 'serve')} and {at(b, 'serve')}", lower_is_better=False)  # fmt: skip
 
 
 def run(args) -> BenchResult:

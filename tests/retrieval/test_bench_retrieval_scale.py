@@ -23,6 +23,7 @@ from searchr1.bench.retrieval_scale import (
     pseudo_word,
     recall_at,
     targets,
+    tree_rss_gb,
 )
 from searchr1.retrieval.analysis import RegexAnalyzer
 
@@ -144,6 +145,49 @@ def test_targets_say_what_is_measured_what_is_extrapolated_and_what_ran_beside_o
     assert met["ivfpq-rerank96_768_recall_at_3_largest"]["value"] == 0.93
     assert "flags: 2 points (three asked)" in met["ivfpq-rerank96_768_recall_at_3_21M"]["basis"]
     assert met["ivfpq-rerank96_768_index_gb_21M"]["value"] == pytest.approx(1.6e-6 * 21e6, rel=1e-6)
+
+
+def test_the_pyserini_targets_are_judged_per_size_and_the_exponent_between_the_two_largest():
+    def peer(server: float, inproc: float, lucene: float, same: int) -> dict:
+        return {"queries": 1024, "threads": 2, "load": {"max": 2.1}, "identical_top3": same,
+                "server_over_pyserini": server / lucene, "inprocess_over_pyserini": inproc / lucene,
+                "server_over_inprocess": server / inproc, "index_size_ratio": 1.1, "build_time_ratio": 1.6}  # fmt: skip
+
+    rows = [
+        {"n": 1_000_000, "kind": "bm25", "dim": None, "qps_b128": 800.0, "qps_b128_inprocess": 1000.0,
+         "build_tree_peak_rss_gb": 0.8, "beside_other_work": [], "peer": peer(950.0, 1000.0, 700.0, 1024)},
+        {"n": 4_000_000, "kind": "bm25", "dim": None, "qps_b128": 400.0, "qps_b128_inprocess": 600.0,
+         "build_tree_peak_rss_gb": 1.3, "beside_other_work": [], "peer": peer(400.0, 600.0, 500.0, 1023)},
+    ]  # fmt: skip
+    met = targets(rows, [], threads=2)
+    assert met["bm25_server_over_pyserini_1000000"]["value"] == pytest.approx(950 / 700, abs=1e-4)
+    assert met["bm25_server_over_pyserini_1000000"]["met"] and not met["bm25_server_over_pyserini_4000000"]["met"]
+    assert met["bm25_inprocess_over_pyserini_1000000"]["met"] and not met["bm25_inprocess_over_pyserini_4000000"]["met"]
+    assert met["bm25_server_over_inprocess_1000000"]["met"] and not met["bm25_server_over_inprocess_4000000"]["met"]
+    assert met["bm25_identical_top3_share_1000000"]["met"] and not met["bm25_identical_top3_share_4000000"]["met"]
+    assert met["bm25_index_over_lucene_1M"]["met"] and not met["bm25_build_over_lucene_1M"]["met"]
+    assert "bm25_index_over_lucene_4M" not in met  # size and build time are judged at 1M only
+    assert met["bm25_build_tree_peak_rss_gb_4000000"] | {"basis": ""} == {"value": 1.3, "limit": 1.0, "met": False,
+                                                                         "basis": ""}  # fmt: skip
+    assert met["bm25_qps_b128_exponent_1000000_4000000"]["value"] == pytest.approx(-0.5, abs=1e-4)
+    assert not met["bm25_qps_b128_exponent_1000000_4000000"]["met"]
+    assert met["bm25_qps_b128_inprocess_exponent_1000000_4000000"]["met"]  # log(0.6) / log(4) = -0.37
+
+
+def test_the_memory_of_a_process_tree_counts_its_children():
+    import os
+    import subprocess
+
+    child = subprocess.Popen([sys.executable, "-c", "import sys, time; b = bytearray(300_000_000); "
+                              "b[::4096] = b'x' * len(b[::4096]); print('ready', flush=True); time.sleep(60)"],
+                             stdout=subprocess.PIPE)  # fmt: skip
+    try:
+        assert child.stdout.readline().strip() == b"ready"
+        alone = sum(__import__("searchr1.bench.retrieval_scale", fromlist=["rss_gb"]).rss_gb())
+        assert tree_rss_gb(os.getpid()) - alone > 0.28
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_load_is_recorded_and_busy_steps_are_marked(monkeypatch):

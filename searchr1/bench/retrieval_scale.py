@@ -669,10 +669,12 @@ def server_qps(index: Path, queries: list[str], threads: int, log: Path, batch: 
 
 
 def peer_bm25(index: Path, corpus: Path, queries: list[str], threads: int, workdir: Path, log: Path,
-              row: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+              row: dict[str, Any], repeats: int = 1) -> dict[str, Any]:  # fmt: skip
     """pyserini's ``LuceneSearcher.batch_search`` over the same corpus and queries with the same threads
     (``pyserini_peer.py`` in pyserini's Python), beside ours in process and through our server: queries/s
-    at batch 128, identical top-3 lists, index size and build time of both. Skipped, in one line, when
+    at batch 128, identical top-3 lists, index size and build time of both. ``repeats`` rounds of the
+    three, one after the other: each rate is the median of its rounds (every round's rates are kept),
+    so that one slow second of a shared machine does not decide a ratio. Skipped, in one line, when
     pyserini or Java is missing."""
     exe, why = pyserini_python()
     if exe is None:
@@ -685,27 +687,37 @@ def peer_bm25(index: Path, corpus: Path, queries: list[str], threads: int, workd
             "threads": threads, "batch": 128, "k": 3}  # fmt: skip
     tfile = workdir / f"peer_task_{n}.json"
     tfile.write_text(json.dumps(task))
-    with LoadMonitor(threads) as load, log.open("ab") as err:
-        done = subprocess.run([exe, str(PEER_SCRIPT), str(tfile)], stdout=subprocess.PIPE, stderr=err,
-                              env=thread_env(threads), check=False)  # fmt: skip
-    if done.returncode != 0:
-        why = f"peer row skipped: pyserini failed (exit {done.returncode}); see {log}"
-        print(why, flush=True)
-        return {"skipped": why}
-    lucene = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    rounds: dict[str, list[float]] = {"pyserini": [], "inprocess": [], "server": []}
+    build_s, same = None, None
+    with LoadMonitor(threads) as load:
+        for _ in range(max(1, repeats)):
+            with log.open("ab") as err:
+                done = subprocess.run([exe, str(PEER_SCRIPT), str(tfile)], stdout=subprocess.PIPE, stderr=err,
+                                      env=thread_env(threads), check=False)  # fmt: skip
+            if done.returncode != 0:
+                why = f"peer row skipped: pyserini failed (exit {done.returncode}); see {log}"
+                print(why, flush=True)
+                return {"skipped": why}
+            lucene = json.loads(done.stdout.decode().strip().splitlines()[-1])
+            build_s = build_s or lucene.get("build_s")
+            rounds["pyserini"].append(lucene["qps_b128"])
+            r = load_index(index, threads=threads)
+            qps, ours = _threaded_search(r, queries, 1)  # the batch on r's threads
+            r.close()
+            rounds["inprocess"].append(qps)
+            rounds["server"].append(server_qps(index, queries, threads, log))
+            same = sum(a == b for a, b in zip(ours, lucene["top_ids"], strict=True)) if same is None else same
+    median = {k: float(np.median(v)) for k, v in rounds.items()}
     peer: dict[str, Any] = {"pyserini": lucene["pyserini"], "threads": threads, "queries": len(queries),
-                            "load": load.summary(), "pyserini_qps_b128": lucene["qps_b128"],
-                            "pyserini_index_gb": lucene["index_bytes"] / 1e9}  # fmt: skip
+                            "repeats": len(rounds["server"]), "load": load.summary(),
+                            "pyserini_qps_b128": median["pyserini"], "pyserini_index_gb": lucene["index_bytes"] / 1e9,
+                            "ours_qps_b128_inprocess": median["inprocess"], "ours_qps_b128_server": median["server"],
+                            "rounds_qps_b128": rounds, "identical_top3": same}  # fmt: skip
     # a Lucene index built by an earlier run is reused: its build time is the one recorded then
-    peer["pyserini_build_s"] = lucene.get("build_s", (row.get("peer") or {}).get("pyserini_build_s"))
-    r = load_index(index, threads=threads)
-    peer["ours_qps_b128_inprocess"], ours = _threaded_search(r, queries, 1)  # the batch on r's threads
-    r.close()
-    peer["ours_qps_b128_server"] = server_qps(index, queries, threads, log)
-    peer["identical_top3"] = sum(a == b for a, b in zip(ours, lucene["top_ids"], strict=True))
-    peer["server_over_pyserini"] = peer["ours_qps_b128_server"] / peer["pyserini_qps_b128"]
-    peer["inprocess_over_pyserini"] = peer["ours_qps_b128_inprocess"] / peer["pyserini_qps_b128"]
-    peer["server_over_inprocess"] = peer["ours_qps_b128_server"] / peer["ours_qps_b128_inprocess"]
+    peer["pyserini_build_s"] = build_s or (row.get("peer") or {}).get("pyserini_build_s")
+    peer["server_over_pyserini"] = median["server"] / median["pyserini"]
+    peer["inprocess_over_pyserini"] = median["inprocess"] / median["pyserini"]
+    peer["server_over_inprocess"] = median["server"] / median["inprocess"]
     peer["index_size_ratio"] = row.get("disk_gb", float("nan")) / peer["pyserini_index_gb"]
     if peer["pyserini_build_s"] and row.get("build_s"):
         peer["build_time_ratio"] = row["build_s"] / peer["pyserini_build_s"]
@@ -963,6 +975,8 @@ def add_arguments(parser: Any) -> None:
                         "peer (pyserini beside ours: set SEARCHR1_PYSERINI_PYTHON) and kill (a build killed "
                         "during its merge, resumed, compared byte for byte)")  # fmt: skip
     parser.add_argument("--peer-queries", type=int, default=1024, help="queries of the peer row (default 1024)")
+    parser.add_argument("--peer-repeats", type=int, default=3,
+                        help="rounds of the peer row; each rate is the median of its rounds (default 3)")  # fmt: skip
     parser.add_argument("--threads", type=int, default=1, help="threads for builds and serving (default 1)")
     parser.add_argument(
         "--queries", type=int, default=10_000, help="queries sent before the last RSS reading"
@@ -1050,7 +1064,7 @@ def _bm25_size(n: int, args, workdir: Path, rows: dict, log: Path, seed: int) ->
         docs = list(gen.passages(0, min(n, 200_000)))
         queries = gen.queries(docs, args.peer_queries, seed=seed + 1)
         print(f"[{n:,}] bm25: pyserini beside ours", flush=True)
-        row["peer"] = peer_bm25(index, corpus, queries, args.threads, workdir, log, row)
+        row["peer"] = peer_bm25(index, corpus, queries, args.threads, workdir, log, row, args.peer_repeats)
         _save_rows(workdir, rows)
     if "kill" in parts:
         print(f"[{n:,}] bm25: a build killed during its merge, then resumed", flush=True)
@@ -1228,7 +1242,8 @@ def _peer_targets(bm25: list[dict[str, Any]], put: Callable[..., None], at: Call
         p, n = r.get("peer") or {}, r["n"]
         if not p or p.get("skipped"):
             continue
-        basis = f"measured at {n:,} on {p['queries']} queries, {p['threads']} thread(s), load {p['load']['max']}"
+        basis = (f"measured at {n:,} on {p['queries']} queries, {p['threads']} thread(s), median of "
+                 f"{p.get('repeats', 1)} round(s), load {p['load']['max']}")  # fmt: skip
         put(f"bm25_server_over_pyserini_{n}", p["server_over_pyserini"], 1.0, basis, lower_is_better=False)
         put(f"bm25_inprocess_over_pyserini_{n}", p["inprocess_over_pyserini"], 1.3, basis, lower_is_better=False)
         put(f"bm25_server_over_inprocess_{n}", p["server_over_inprocess"], 0.9, basis, lower_is_better=False)

@@ -301,10 +301,15 @@ class CompressedDocStore(DocStore):
     def __init__(self, folder: str | Path, cache_passages: int = CACHE_PASSAGES):
         folder = Path(folder)
         self.folder = folder
+        for name in (STORE_META, FRAMES_FILE, STORE_FILE):
+            if not (folder / name).is_file():
+                raise _damaged(folder, f"{name} is missing")
         try:
             meta = json.loads((folder / STORE_META).read_text())
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise _damaged(folder, f"{STORE_META} is not JSON ({exc})") from None
+        if not isinstance(meta, dict) or not isinstance(meta.get("passages"), int):
+            raise _damaged(folder, f"{STORE_META} does not say how many passages the store holds")
         if meta.get("format") != STORE_FORMAT or meta.get("codec") != "zstd":
             raise DamagedIndex(f"passage store {folder} has format {meta.get('format')} / codec "
                                f"{meta.get('codec')}, which this version does not read; {REBUILD}")  # fmt: skip
@@ -312,7 +317,10 @@ class CompressedDocStore(DocStore):
             raise _damaged(folder, f"{FRAMES_FILE} fails its CRC-32 check")
         offsets = np.load(folder / FRAMES_FILE, mmap_mode="r")
         size = (folder / STORE_FILE).stat().st_size
-        if len(offsets) != meta["passages"] + 1 or int(offsets[-1]) != size:
+        if offsets.ndim != 1 or len(offsets) != meta["passages"] + 1:
+            raise _damaged(folder, f"{FRAMES_FILE} has {offsets.size:,} offsets for {meta['passages']:,} passages "
+                           f"(one more than the passages wanted)")  # fmt: skip
+        if int(offsets[-1]) != size:
             raise _damaged(folder, f"{STORE_FILE} holds {size:,} bytes, its table says {int(offsets[-1]):,}")
         for lo in range(0, len(offsets) - 1, 1 << 22):  # a part at a time: no corpus-sized temporary
             if np.any(np.diff(offsets[lo : lo + (1 << 22) + 1]) <= 0):

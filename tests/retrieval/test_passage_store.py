@@ -155,6 +155,45 @@ def test_the_table_and_metadata_are_checked_at_load(tmp_path):
         DocStore.open(tmp_path)
 
 
+def _refusal(folder) -> str:
+    with pytest.raises(DamagedIndex) as err:
+        DocStore.open(folder)
+    message = str(err.value)
+    assert "\n" not in message and "searchr1 index build" in message
+    return message
+
+
+@pytest.mark.parametrize("damage", ["no table", "meta a list", "meta without count", "extra offset", "descending"])
+def test_each_damage_of_the_table_or_metadata_is_named_in_one_line(tmp_path, damage):
+    """Checks behind the CRC-32: a table rewritten with a matching checksum (by hand, or by a tool
+    that recomputes it) and files that are gone or of the wrong shape."""
+    DocStore.write(_docs(100), tmp_path)
+    meta, table = json.loads((tmp_path / STORE_META).read_text()), np.load(tmp_path / FRAMES_FILE)
+
+    def save_table(t: np.ndarray) -> None:
+        np.save(tmp_path / FRAMES_FILE, t)
+        meta["frames_crc32"] = zlib.crc32((tmp_path / FRAMES_FILE).read_bytes())
+        (tmp_path / STORE_META).write_text(json.dumps(meta))
+
+    if damage == "no table":
+        (tmp_path / FRAMES_FILE).unlink()
+        assert f"{FRAMES_FILE} is missing" in _refusal(tmp_path)
+    elif damage == "meta a list":
+        (tmp_path / STORE_META).write_text("[1, 2]")
+        assert "does not say how many passages" in _refusal(tmp_path)
+    elif damage == "meta without count":
+        (tmp_path / STORE_META).write_text(json.dumps({k: v for k, v in meta.items() if k != "passages"}))
+        assert "does not say how many passages" in _refusal(tmp_path)
+    elif damage == "extra offset":
+        save_table(np.append(table, table[-1]))
+        assert "has 102 offsets for 100 passages" in _refusal(tmp_path)
+    else:
+        t = table.copy()
+        t[5], t[6] = t[6], t[5]
+        save_table(t)
+        assert f"{FRAMES_FILE} does not ascend" in _refusal(tmp_path)
+
+
 def test_an_index_with_the_earlier_json_lines_store_still_loads_and_answers_the_same(tmp_path):
     docs = [ODD[i] for i in (0, 1, 2, 4, 5)] + _docs(300, 5)  # what a corpus line gives back exactly
     corpus = write_corpus(docs, tmp_path / "c.jsonl")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import types
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -314,37 +313,24 @@ def test_mixing_keeps_replay_off_decision_groups_and_counts_them_apart():
     assert out["decision/reward_single"] == 0.5 and out["decision/reward_multi"] == 0.0
 
 
-def _old_rollout(self, indices: list[int], step: int) -> tuple[list[Any], list[int], float]:
-    """``RLTrainer.rollout`` as it was before decision groups (the reference of the next test)."""
-    from searchr1.trainer.loop import _seed_for
-
-    n = self.cfg.rollout.n
-    share = len(indices) // self.dist.world_size
-    mine = indices[self.dist.rank * share : (self.dist.rank + 1) * share]
-    prompt_ids, metas, groups = [], [], []
-    for slot, idx in enumerate(mine):
-        gid = self.dist.rank * share + slot
-        for k in range(n):
-            prompt_ids.append(self._prompt_ids(idx))
-            meta = sample_meta(self.train_samples[idx], idx)
-            meta.update(group_id=gid, sample_in_group=k)
-            metas.append(meta)
-            groups.append(gid)
-    trajs = self._generate(prompt_ids, metas, _seed_for(self.cfg.seed, step, self.dist.rank))
-    return trajs, groups, 0.0
+def _pass_through(guidance, prompt_ids, metas, groups) -> DecisionPlan:
+    """The rollout's requests with no decision hook at all: the prompts and metas as given."""
+    return DecisionPlan([list(p) for p in prompt_ids], [dict(m) for m in metas])
 
 
-def test_zero_decision_groups_leave_the_step_bit_identical(world, tiny_model_dir, tmp_path):
+def test_zero_decision_groups_leave_the_step_bit_identical(world, tiny_model_dir, tmp_path, monkeypatch):
     """decision_groups=0 (with guidance on, so the guidance object exists): the step's rollout, rewards,
-    masks and advantages are those of the rollout as written before decision groups, exactly."""
+    masks and advantages are those of a step whose rollout bypasses the decision hook, exactly."""
+    import searchr1.trainer.loop as loop
+
     extra = dict(guidance__off_policy=1, guidance__branched=1, guidance__share=1.0, guidance__decay_until=1.0,
                  guidance__decision_groups=0)  # fmt: skip
     runs = []
-    for name, rollout in (("now", None), ("before", _old_rollout)):
-        trainer = _trainer(world, tiny_model_dir, tmp_path / name, **extra)
+    for name in ("now", "without the hook"):
+        if name != "now":
+            monkeypatch.setattr(loop, "rollout_requests", _pass_through)
+        trainer = _trainer(world, tiny_model_dir, tmp_path / name.replace(" ", "_"), **extra)
         assert trainer.guidance is not None and trainer.guidance.decisions is None
-        if rollout is not None:
-            trainer.rollout = types.MethodType(rollout, trainer)
         seen = _spy_experience(trainer)
         metrics = trainer.train_step()
         runs.append((seen[0], metrics))

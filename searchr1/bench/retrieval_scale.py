@@ -978,7 +978,7 @@ def add_arguments(parser: Any) -> None:
                         help="build, serve, both (default), or report (only the rows of --reuse DIR); BM25 also "
                         "peer (pyserini beside ours: set SEARCHR1_PYSERINI_PYTHON) and kill (a build killed "
                         "during its merge, resumed, compared byte for byte)")  # fmt: skip
-    parser.add_argument("--peer-queries", type=int, default=1024, help="queries of the peer row (default 1024)")
+    parser.add_argument("--peer-queries", type=int, default=4096, help="queries of the peer row (default 4096)")
     parser.add_argument("--peer-repeats", type=int, default=3,
                         help="rounds of the peer row; each rate is the median of its rounds (default 3)")  # fmt: skip
     parser.add_argument("--threads", type=int, default=1, help="threads for builds and serving (default 1)")

@@ -302,8 +302,8 @@ class CompressedDocStore(DocStore):
         folder = Path(folder)
         self.folder = folder
         for name in (STORE_META, FRAMES_FILE, STORE_FILE):
-            if not (folder / name).is_file():
-                raise _damaged(folder, f"{name} is missing")
+            if not (folder / name).is_file():  # worded as the index's own check of its files
+                raise DamagedIndex(f"passage store {folder / STORE_FILE} is incomplete: {name} is missing; {REBUILD}")
         try:
             meta = json.loads((folder / STORE_META).read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:

@@ -29,6 +29,7 @@ report`` only rewrites the JSON from ``DIR/rows.json``. Writes ``benchmarks/resu
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -354,28 +355,44 @@ def tree_rss_gb(root: int) -> float:
     return total
 
 
-class TreePeak:
-    """The peak of ``tree_rss_gb(os.getpid())`` sampled every ``every`` seconds while a step runs (a
-    build's pass-1 workers are processes of their own, whose memory ``VmHWM`` of the parent misses)."""
+class _Sampler:
+    """Calls ``sample()`` every ``every`` seconds on a thread of its own while a step runs (``with``),
+    and once more when it ends."""
 
-    def __init__(self, every: float = 0.25) -> None:
-        self.every, self.peak = every, 0.0
+    def __init__(self, every: float) -> None:
+        self.every = every
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
+    def sample(self) -> None:
+        raise NotImplementedError
+
     def _run(self) -> None:
         while True:
-            self.peak = max(self.peak, tree_rss_gb(os.getpid()))
+            self.sample()
             if self._stop.wait(self.every):
                 return
 
-    def __enter__(self) -> TreePeak:
+    def __enter__(self):
         self._thread.start()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self._stop.set()
         self._thread.join()
+        self.sample()
+
+
+class TreePeak(_Sampler):
+    """The peak of ``tree_rss_gb(os.getpid())`` sampled every ``every`` seconds while a step runs (a
+    build's pass-1 workers are processes of their own, whose memory ``VmHWM`` of the parent misses)."""
+
+    def __init__(self, every: float = 0.25) -> None:
+        super().__init__(every)
+        self.peak = 0.0
+
+    def sample(self) -> None:
+        self.peak = max(self.peak, tree_rss_gb(os.getpid()))
 
 
 def peak_rss_gb() -> float:
@@ -387,31 +404,18 @@ def peak_rss_gb() -> float:
     return float("nan")
 
 
-class LoadMonitor:
+class LoadMonitor(_Sampler):
     """The machine's 1-minute load average sampled every ``every`` seconds while a step runs: a step
     whose load exceeded the threads it used (+ ``BUSY_MARGIN``) was measured beside other work."""
 
     BUSY_MARGIN = 0.75
 
     def __init__(self, threads: int, every: float = 5.0) -> None:
-        self.threads, self.every = threads, every
+        super().__init__(every)
+        self.threads = threads
         self.samples: list[float] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _run(self) -> None:
-        while True:
-            self.samples.append(os.getloadavg()[0])
-            if self._stop.wait(self.every):
-                return
-
-    def __enter__(self) -> LoadMonitor:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join()
+    def sample(self) -> None:
         self.samples.append(os.getloadavg()[0])
 
     def summary(self) -> dict[str, Any]:
@@ -1240,8 +1244,6 @@ def _peer_targets(bm25: list[dict[str, Any]], put: Callable[..., None], at: Call
     identical top-3 on every query; at 1M the index <= 1.2x Lucene's and the build <= 1.5x its time;
     at the largest size the build's peak memory (all its processes) <= 1 GB; and the exponent of
     queries/s between the two largest sizes >= -0.4 (``log(q2 / q1) / log(n2 / n1)``)."""
-    import math
-
     for r in sorted(bm25, key=lambda r: r["n"]):
         p, n = r.get("peer") or {}, r["n"]
         if not p or p.get("skipped"):

@@ -22,6 +22,7 @@ from searchr1.bench.retrieval_scale import (
     note_load,
     pseudo_word,
     recall_at,
+    rss_gb,
     targets,
     tree_rss_gb,
 )
@@ -183,7 +184,7 @@ def test_the_memory_of_a_process_tree_counts_its_children():
                              stdout=subprocess.PIPE)  # fmt: skip
     try:
         assert child.stdout.readline().strip() == b"ready"
-        alone = sum(__import__("searchr1.bench.retrieval_scale", fromlist=["rss_gb"]).rss_gb())
+        alone = sum(rss_gb())
         assert tree_rss_gb(os.getpid()) - alone > 0.28
     finally:
         child.kill()

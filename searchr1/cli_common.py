@@ -5,7 +5,9 @@ the registered names (plugins included).
 
     add_config_flags(parser, ...)    --config FILE, --set KEY=VALUE, --plugin MODULE
     add_search_flags(parser)         --index, --corpus, --search-url, --backend, --encoder, --topk
-    add_model_flags(parser)          --model, --template, --engine, --dtype, --device, --max-turns, --max-turn-tokens
+    add_model_flags(parser)          --model, --template, --engine, --dtype, --device, --max-turns, --max-turn-tokens,
+                                     --max-obs-tokens, --max-response-tokens, --[no-]last-search-notice
+    choose_settings(args)            a trained policy's retrieval and rollout settings, under the flags
     choose_dtype(args, cfg)          the generation dtype (--dtype / rollout.dtype), checked against the engine
     command_config(args, ...)        the config of a command: file, flags, --set, plugins imported first
     help_lists_names(parser, keys)   -h / --help also prints what each key may name
@@ -16,13 +18,18 @@ Light: nothing heavy is imported until a command runs. Every problem is one line
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from searchr1.config import ConfigError, load_config
 from searchr1.data.prompts import AUTO, describe_template, load_template, resolve_template
+from searchr1.data.trained_settings import SETTING_KEYS, TrainedSettings, find_trained_settings
 from searchr1.data.trained_template import find_trained_template
 from searchr1.errors import ModelNotFoundError, UserFacingError
 from searchr1.plugins import PluginError, import_plugins, names_overview
@@ -79,7 +86,10 @@ def add_search_flags(parser: argparse.ArgumentParser) -> None:
         "--encoder", default=None, metavar="MODEL", help="dense encoder (default: the dense index's own)"
     )
     g.add_argument(
-        "--topk", type=int, default=None, help="documents per search (default: retrieval.topk = 3)"
+        "--topk",
+        type=int,
+        default=None,
+        help="documents per search (default: retrieval.topk = 3; eval and ask of a trained policy: its run's)",
     )
 
 
@@ -157,11 +167,30 @@ def add_model_flags(parser: argparse.ArgumentParser, model_required: bool = True
         "{question} | auto (the model's chat template if it has one, else base). Default: for a checkpoint "
         "or an exported policy of `searchr1 train`, the template it was trained with; else auto",
     )
+    run = "default: the run's for a checkpoint or exported policy of `searchr1 train`, else"
     parser.add_argument(
-        "--max-turns", type=int, default=None, help="search turns before the answer-only turn (default 4)"
+        "--max-turns", type=int, default=None, help=f"search turns before the answer-only turn ({run} 4)"
     )
     parser.add_argument(
-        "--max-turn-tokens", type=int, default=None, help="tokens per turn at most (default 500)"
+        "--max-turn-tokens", type=int, default=None, help=f"tokens per turn at most ({run} 500)"
+    )
+    parser.add_argument(
+        "--max-obs-tokens",
+        type=int,
+        default=None,
+        help=f"tokens of one <information> block at most ({run} 500)",
+    )
+    parser.add_argument(
+        "--max-response-tokens",
+        type=int,
+        default=None,
+        help=f"tokens after the prompt (generated + observations) at most ({run} 4096)",
+    )
+    parser.add_argument(
+        "--last-search-notice",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=f"after the last search turn's documents, tell the model it may only answer now ({run} off)",
     )
     parser.add_argument(
         "--engine",
@@ -181,18 +210,26 @@ def add_model_flags(parser: argparse.ArgumentParser, model_required: bool = True
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
 
 
+MODEL_FLAGS: tuple[tuple[str, str, str], ...] = (
+    ("max_turns", "rollout.max_turns", "--max-turns"),
+    ("max_turn_tokens", "rollout.max_turn_tokens", "--max-turn-tokens"),
+    ("max_obs_tokens", "rollout.max_obs_tokens", "--max-obs-tokens"),
+    ("max_response_tokens", "rollout.max_response_tokens", "--max-response-tokens"),
+    ("last_search_notice", "rollout.last_search_notice", "--last-search-notice"),
+    ("template", "data.template", "--template"),
+    ("engine", "rollout.engine", "--engine"),
+    ("dtype", "rollout.dtype", "--dtype"),
+)
+"""The model flags that are config keys: (attribute, dotted key, flag)."""
+
+
 def model_overrides(args: argparse.Namespace) -> list[str]:
     """The model flags that are config keys, as dotted overrides."""
     out = []
-    for flag, key in (
-        ("max_turns", "rollout.max_turns"),
-        ("max_turn_tokens", "rollout.max_turn_tokens"),
-        ("template", "data.template"),
-        ("engine", "rollout.engine"),
-        ("dtype", "rollout.dtype"),
-    ):
-        if getattr(args, flag) is not None:
-            out.append(f"{key}={getattr(args, flag)}")
+    for attr, key, _ in MODEL_FLAGS:
+        value = getattr(args, attr, None)
+        if value is not None:
+            out.append(f"{key}={json.dumps(value) if isinstance(value, bool) else value}")
     return out
 
 
@@ -256,6 +293,108 @@ def choose_template(cfg: Any, model: str, given: bool = False) -> str:
         )
     _resolve_auto(cfg, model)
     return f"template: {describe_template(asked, cfg.data.template)}"
+
+
+# -- eval and ask: the settings a policy was trained with ---------------------------------------------
+
+
+def _config_file_keys(path: str | None) -> set[str]:
+    """The dotted keys a ``--config`` file sets (none when it cannot be read: loading it says why)."""
+    if not path:
+        return set()
+    try:
+        data = yaml.safe_load(Path(path).expanduser().read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        return set()
+    keys: set[str] = set()
+
+    def walk(node: Any, prefix: str) -> None:
+        for name, value in node.items():
+            key = f"{prefix}{name}"
+            keys.add(key)
+            if isinstance(value, dict):
+                walk(value, f"{key}.")
+
+    if isinstance(data, dict):
+        walk(data, "")
+    return keys
+
+
+def named_settings(args: argparse.Namespace) -> dict[str, str]:
+    """The ``SETTING_KEYS`` the command line sets, each with what set it (``--topk``, ``--set``,
+    ``--config``; a later one wins, as the config does)."""
+    named = dict.fromkeys(
+        sorted(_config_file_keys(getattr(args, "config", None)) & set(SETTING_KEYS)), "--config"
+    )
+    if getattr(args, "topk", None) is not None:
+        named["retrieval.topk"] = "--topk"
+    for attr, key, flag in MODEL_FLAGS:
+        if key in SETTING_KEYS and getattr(args, attr, None) is not None:
+            named[key] = flag
+    for item in getattr(args, "set", []):
+        key = item.split("=", 1)[0].strip()
+        if key in SETTING_KEYS:
+            named[key] = "--set"
+    return named
+
+
+def _config_value(cfg: Any, key: str) -> Any:
+    node = cfg
+    for part in key.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def _shown(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, bool) or value is None else str(value)
+
+
+@dataclass(frozen=True)
+class SettingsChoice:
+    """The retrieval and rollout settings of ``eval`` / ``ask``: those of the run that trained the model
+    (``trained``), each overridden by the command line (``named``: key -> the flag that set it)."""
+
+    model: str
+    trained: TrainedSettings | None
+    named: dict[str, str]
+
+    def overrides(self) -> list[str]:
+        """The run's settings that no flag names, as dotted overrides (given before the flags')."""
+        if self.trained is None:
+            return []
+        return [f"{k}={json.dumps(v)}" for k, v in self.trained.values.items() if k not in self.named]
+
+    def origin(self, key: str) -> str:
+        """Where ``key``'s value comes from: the flag that set it, ``run`` or ``default``."""
+        if key in self.named:
+            return self.named[key]
+        return "run" if self.trained is not None and key in self.trained.values else "default"
+
+    def record(self, cfg: Any) -> dict[str, Any]:
+        """Every setting with its value in ``cfg``, where each came from, and the run's file."""
+        return {
+            **{key: _config_value(cfg, key) for key in SETTING_KEYS},
+            "settings_from": {key: self.origin(key) for key in SETTING_KEYS},
+            "run_config": None if self.trained is None else str(self.trained.source),
+        }
+
+    def line(self, cfg: Any) -> str:
+        """One line naming each setting ``cfg`` has, and where it came from."""
+        each = ", ".join(
+            f"{key}={_shown(_config_value(cfg, key))} ({self.origin(key)})" for key in SETTING_KEYS
+        )
+        if self.trained is None:
+            return (
+                f"settings: {self.model} has no run config (not a checkpoint or export of `searchr1 train`), "
+                f"so the defaults: {each}"
+            )
+        return f"settings: {each}; run = {self.trained.source} (a flag or --set KEY=VALUE overrides)"
+
+
+def choose_settings(args: argparse.Namespace) -> SettingsChoice:
+    """The settings of ``--model``'s training run (``searchr1.data.trained_settings``) under the command
+    line's; pass ``overrides()`` to ``command_config`` before the flags' own."""
+    return SettingsChoice(args.model, find_trained_settings(args.model), named_settings(args))
 
 
 def _resolve_auto(cfg: Any, model: str) -> None:

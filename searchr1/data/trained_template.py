@@ -1,14 +1,17 @@
 """The prompt template a policy was trained with, found from its model folder, so that ``eval`` and
-``ask`` prompt a checkpoint the way it learned (``searchr1.cli_common.choose_template``).
+``ask`` prompt a checkpoint the way it learned (``searchr1.cli_common.choose_template``); its retrieval
+and rollout settings are found the same way (``searchr1.data.trained_settings``).
 
 A training run writes its resolved configuration (``data.template`` included, never ``auto``) to
 ``<run>/config.yaml`` and to each checkpoint's ``config.yaml``; ``train --export`` writes
-``searchr1_template.json`` into the exported folder, with a copy of the template when it is a file.
-From a model folder the template is looked up, in this order:
+``searchr1_template.json`` into the exported folder (the export record: the template, with a copy of it
+when it is a file, and the run's settings). From a model folder the template is looked up, in this order:
 
     <model>/searchr1_template.json      an exported policy (``write_trained_template``)
     <model>/../config.yaml              a checkpoint's model/ (``checkpoints/step_000012/model``)
     <model>/../../../config.yaml        the run folder of ``checkpoints/<any>/model`` (``best/`` too)
+    <model>/../../config.yaml           the run folder of a warm start's ``<run>/warmstart/model``
+                                        (beside ``warmstart.json``; written once ``train`` starts RL)
 
 A template that is a file is found as recorded (an absolute path, or relative to the folder the run
 was started in, which ``trainer.out_dir`` tells), else relative to the current folder.
@@ -27,10 +30,14 @@ import yaml
 from searchr1.data.prompts import AUTO, TEMPLATES
 
 TEMPLATE_FILE = "searchr1_template.json"
-"""What ``train --export`` writes into an exported policy: ``{"template": ..., "trained_template": ...,
-"run": ...}`` (``template``: a built-in name, or a file in the exported folder)."""
+"""The record ``train --export`` writes into an exported policy: ``{"template": ..., "trained_template": ...,
+"run": ..., "settings": {...}}`` (``template``: a built-in name, or a file in the exported folder; both
+null when the run recorded none; ``settings``: dotted key -> value, absent in records of older versions)."""
 RUN_CONFIG = "config.yaml"
 CHECKPOINTS = "checkpoints"
+WARM_START = "warmstart"
+"""The folder of a run's warm start (``<run>/warmstart/model``, with ``warmstart.json`` beside it)."""
+WARM_START_SUMMARY = "warmstart.json"
 
 
 @dataclass(frozen=True)
@@ -115,6 +122,25 @@ def _template_of_export(folder: Path) -> TrainedTemplate | None:
     return TrainedTemplate(str(local), path, recorded, found=local.is_file())
 
 
+def run_configs(model: str | Path) -> list[tuple[Path, Path | None]]:
+    """The run configurations that may describe the policy in the folder ``model``, nearest first, each
+    with its run folder (None where unknown): the folder's own step ``config.yaml``, then the run's."""
+    folder = Path(model).expanduser()
+    if not folder.is_dir():
+        return []
+    step = folder.parent
+    if step.parent.name == CHECKPOINTS:
+        run_dir: Path | None = step.parent.parent
+    elif step.name == WARM_START and (step / WARM_START_SUMMARY).is_file():
+        run_dir = step.parent
+    else:
+        run_dir = None
+    found = [(step / RUN_CONFIG, run_dir)]
+    if run_dir is not None:
+        found.append((run_dir / RUN_CONFIG, run_dir))
+    return [(config, run) for config, run in found if config.is_file()]
+
+
 def find_trained_template(model: str | Path) -> TrainedTemplate | None:
     """The template the policy in the folder ``model`` was trained with (see the module docstring), or
     None for a model that no run of this package wrote (an alias, a hub id, a folder of its own)."""
@@ -124,15 +150,10 @@ def find_trained_template(model: str | Path) -> TrainedTemplate | None:
     exported = _template_of_export(folder)
     if exported is not None:
         return exported
-    step = folder.parent
-    in_checkpoints = step.parent.name == CHECKPOINTS
-    run_dir = step.parent.parent if in_checkpoints else None
-    if (step / RUN_CONFIG).is_file():
-        found = template_of_config(step / RUN_CONFIG, run_dir)
+    for config, run_dir in run_configs(folder):
+        found = template_of_config(config, run_dir)
         if found is not None:
             return found
-    if run_dir is not None and (run_dir / RUN_CONFIG).is_file():
-        return template_of_config(run_dir / RUN_CONFIG, run_dir)
     return None
 
 
@@ -147,20 +168,33 @@ def run_template(run_dir: str | Path, checkpoint: str | Path | None = None) -> T
     return None
 
 
-def write_trained_template(folder: str | Path, trained: TrainedTemplate, run_dir: str | Path) -> Path:
-    """Record ``trained`` in an exported policy's ``folder`` (``searchr1_template.json``); a template
-    file is copied in beside it, so that the folder carries its prompt wherever it goes. A template file
-    that is not found is recorded by its name only (``template``: null), so that ``eval`` says so."""
+def write_trained_template(
+    folder: str | Path,
+    trained: TrainedTemplate | None,
+    run_dir: str | Path,
+    settings: dict[str, Any] | None = None,
+) -> Path:
+    """Write the export record of the policy in ``folder`` (``searchr1_template.json``): the template it
+    was trained with (``trained``; None: the run recorded none) and the run's retrieval and rollout
+    ``settings`` (``searchr1.data.trained_settings``). A template file is copied in beside it, so that the
+    folder carries its prompt wherever it goes; one that is not found is recorded by its name only
+    (``template``: null), so that ``eval`` says so."""
     target = Path(folder)
-    template: str | None = trained.template
-    if template not in TEMPLATES:
+    template: str | None = None if trained is None else trained.template
+    if trained is not None and template not in TEMPLATES:
         if trained.found:
             source = Path(trained.template)
             template = f"searchr1_template{source.suffix}"
             shutil.copyfile(source, target / template)
         else:
             template = None
-    info = {"template": template, "trained_template": trained.recorded, "run": str(run_dir)}
+    info: dict[str, Any] = {
+        "template": template,
+        "trained_template": None if trained is None else trained.recorded,
+        "run": str(run_dir),
+    }
+    if settings:
+        info["settings"] = settings
     path = target / TEMPLATE_FILE
     path.write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     return path

@@ -15,6 +15,7 @@ from searchr1.cli_common import (
     add_search_flags,
     check_model,
     choose_dtype,
+    choose_settings,
     choose_template,
     command_config,
     has_search_flags,
@@ -109,7 +110,8 @@ def _questions(first: str | None):
 
 def _ask(args: argparse.Namespace) -> int:
     check_model(args.model)
-    cfg = command_config(args, [*search_overrides(args), *model_overrides(args)])
+    trained = choose_settings(args)  # the run's retrieval and rollout settings, under the flags
+    cfg = command_config(args, [*trained.overrides(), *search_overrides(args), *model_overrides(args)])
     if not (has_search_flags(args) or cfg.retrieval.index or cfg.retrieval.url or cfg.retrieval.corpus):
         raise UserFacingError("ask needs a search backend: --index DIR, --search-url URL or --corpus FILE")
     dtype = choose_dtype(args, cfg)  # before anything loads: the engine must be able to generate in it
@@ -117,6 +119,7 @@ def _ask(args: argparse.Namespace) -> int:
     retriever = open_retriever(cfg.retrieval)
     model, tokenizer = load_policy(args, dtype)
     print(f"{template_line}   engine: {cfg.rollout.engine}   dtype: {dtype}", file=sys.stderr)
+    print(trained.line(cfg), file=sys.stderr)
     agent = Agent(model, retriever, tokenizer=tokenizer, config=cfg)
     printer = _Printer(sys.stdout)
     try:

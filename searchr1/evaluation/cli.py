@@ -20,6 +20,7 @@ from searchr1.cli_common import (
     check_model,
     check_readable_file,
     choose_dtype,
+    choose_settings,
     choose_template,
     command_config,
     has_search_flags,
@@ -157,7 +158,8 @@ def _eval(args: argparse.Namespace) -> int:
         return _compare(args)
     modes = parse_modes(args.mode)
     data_paths = _check_flags(args)
-    cfg = command_config(args, [*search_overrides(args), *model_overrides(args)])
+    trained = choose_settings(args)  # the run's retrieval and rollout settings, under the flags
+    cfg = command_config(args, [*trained.overrides(), *search_overrides(args), *model_overrides(args)])
     searching = [m.name for m in modes if m.search != "none"]
     has_search = has_search_flags(args) or cfg.retrieval.index or cfg.retrieval.url or cfg.retrieval.corpus
     if searching and not has_search:
@@ -169,8 +171,7 @@ def _eval(args: argparse.Namespace) -> int:
     template_line = choose_template(cfg, args.model, template_given(args))
     out = Path(args.out) if args.out else _default_out(args.model)
     settings = {"model": args.model, "data": [str(p) for p in data_paths], "limit": args.limit,
-                "max_turns": cfg.rollout.max_turns, "max_turn_tokens": cfg.rollout.max_turn_tokens,
-                "engine": cfg.rollout.engine, "dtype": dtype}  # fmt: skip
+                "engine": cfg.rollout.engine, "dtype": dtype, **trained.record(cfg)}  # fmt: skip
 
     def reply_tokens(mode: Mode) -> int | None:
         if mode.search == "agent":
@@ -189,6 +190,7 @@ def _eval(args: argparse.Namespace) -> int:
     from searchr1.rollout.sampling import SamplingParams  # torch
 
     print(template_line, file=sys.stderr)
+    print(trained.line(cfg), file=sys.stderr)
     monitor = Monitor()
     retriever = monitor.wrap(open_retriever(cfg.retrieval)) if searching else None
     model, tokenizer = load_policy(args, dtype)

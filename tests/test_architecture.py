@@ -1,9 +1,10 @@
 """The package's import structure, read from the source with ``ast`` (nothing is imported).
 
-* no import cycle among modules, in-function imports counted (``if TYPE_CHECKING:`` blocks excluded);
+* no import cycle among modules, in-function imports and those under ``if TYPE_CHECKING:`` counted (a cycle
+  kept only for the type checker is still a cycle: the two modules cannot be read or moved apart);
 * no library module imports a command-line module (``searchr1.cli``, ``searchr1.*.cli``): the CLIs
   import the library, never the reverse;
-* counting in-function imports too, no cycle among packages;
+* counting in-function and ``TYPE_CHECKING`` imports too, no cycle among packages;
 * an in-function import of a searchr1 module is there for a heavy dependency (torch, numpy, httpx,
   ...), not to hide a cycle (modules not yet cleaned up are listed in ``LAZY_LIGHT_IMPORTS_ALLOWED``).
 
@@ -106,6 +107,8 @@ class Import:
     target: str
     line: int
     in_function: bool
+    type_checking: bool
+    """Under ``if TYPE_CHECKING:``: read by type checkers only, never run."""
 
 
 def module_names(package: Path = PACKAGE) -> dict[str, Path]:
@@ -150,7 +153,8 @@ def _targets(node: ast.Import | ast.ImportFrom, module: str, is_package: bool, k
 
 
 def read_imports(package: Path = PACKAGE) -> tuple[set[str], list[Import]]:
-    """(every module, every import of a searchr1 module outside ``if TYPE_CHECKING:``)."""
+    """(every module, every import of a searchr1 module: at module level, in functions and under
+    ``if TYPE_CHECKING:``, each marked as such)."""
     files = module_names(package)
     known = set(files)
     imports: list[Import] = []
@@ -158,31 +162,43 @@ def read_imports(package: Path = PACKAGE) -> tuple[set[str], list[Import]]:
         is_package = path.name == "__init__.py"
 
         def visit(
-            node: ast.AST, in_function: bool, module: str = module, is_package: bool = is_package
+            node: ast.AST,
+            in_function: bool,
+            type_checking: bool,
+            module: str = module,
+            is_package: bool = is_package,
         ) -> None:
             if isinstance(node, ast.If) and _is_type_checking(node):
+                for child in node.body:
+                    visit(child, in_function, True)
                 for other in node.orelse:
-                    visit(other, in_function)
+                    visit(other, in_function, type_checking)
                 return
             if isinstance(node, ast.Import | ast.ImportFrom):
                 for target in _targets(node, module, is_package, known):
                     if target != module:
-                        imports.append(Import(module, target, node.lineno, in_function))
+                        imports.append(Import(module, target, node.lineno, in_function, type_checking))
             nested = isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
             for child in ast.iter_child_nodes(node):
-                visit(child, in_function or nested)
+                visit(child, in_function or nested, type_checking)
 
-        visit(ast.parse(path.read_text(encoding="utf-8"), filename=str(path)), False)
+        visit(ast.parse(path.read_text(encoding="utf-8"), filename=str(path)), False, False)
     return known, imports
 
 
-def graph(imports: Iterable[Import], *, in_functions: bool) -> dict[str, set[str]]:
-    """Module -> modules it imports (module level only, or with in-function imports too)."""
+def graph(imports: Iterable[Import], *, in_functions: bool, type_checking: bool) -> dict[str, set[str]]:
+    """Module -> modules it imports: at module level, plus those in functions (``in_functions``) and those
+    under ``if TYPE_CHECKING:`` (``type_checking``) when asked."""
     out: dict[str, set[str]] = {}
     for imp in imports:
-        if in_functions or not imp.in_function:
+        if (in_functions or not imp.in_function) and (type_checking or not imp.type_checking):
             out.setdefault(imp.source, set()).add(imp.target)
     return out
+
+
+def every_import(imports: Iterable[Import]) -> dict[str, set[str]]:
+    """The whole graph: every import wherever it stands (module level, in a function, for type checkers)."""
+    return graph(imports, in_functions=True, type_checking=True)
 
 
 def find_cycles(g: Mapping[str, Iterable[str]]) -> list[list[str]]:
@@ -270,7 +286,7 @@ def heavy_dependencies(package: Path = PACKAGE) -> dict[str, frozenset[str]]:
                 elif isinstance(stmt, ast.ImportFrom) and stmt.level == 0 and stmt.module:
                     direct[module].add(stmt.module.split(".")[0])
     deps = {m: d & HEAVY_DEPENDENCIES for m, d in direct.items()}
-    top = graph(imports, in_functions=False)
+    top = graph(imports, in_functions=False, type_checking=False)  # what importing the module runs
     changed = True
     while changed:  # a fixed point: cycles cannot stop it
         changed = False
@@ -314,6 +330,13 @@ def test_reading_the_source_sees_relative_lazy_and_type_checking_imports(tmp_pat
     )
     (pkg / "sub" / "b.py").write_text("import numpy\nX = 1\n")
     (pkg / "sub" / "c.py").write_text("from .a import f\n")
+    # a cycle closed only for the type checker (as slots <-> static_decode once was); the else branch runs
+    (pkg / "e.py").write_text("import numpy\nfrom searchr1.f import Y\nZ = 2\n")
+    (pkg / "f.py").write_text(
+        "from typing import TYPE_CHECKING\n"
+        "Y = 1\n"
+        "if TYPE_CHECKING:\n    from searchr1.e import Z\nelse:\n    from searchr1 import cli\n"
+    )
     known, imports = read_imports(pkg)
     assert known == {
         "searchr1",
@@ -322,19 +345,30 @@ def test_reading_the_source_sees_relative_lazy_and_type_checking_imports(tmp_pat
         "searchr1.sub.a",
         "searchr1.sub.b",
         "searchr1.sub.c",
+        "searchr1.e",
+        "searchr1.f",
     }
-    edges = {(i.source, i.target, i.in_function) for i in imports}
+    edges = {(i.source, i.target, i.in_function, i.type_checking) for i in imports}
     assert edges == {
-        ("searchr1.sub", "searchr1.sub.a", False),
-        ("searchr1.sub.a", "searchr1.sub.b", False),
-        ("searchr1.sub.a", "searchr1.sub.c", True),
-        ("searchr1.sub.c", "searchr1.sub.a", False),
+        ("searchr1.sub", "searchr1.sub.a", False, False),
+        ("searchr1.sub.a", "searchr1.sub.b", False, False),
+        ("searchr1.sub.a", "searchr1.cli", False, True),
+        ("searchr1.sub.a", "searchr1.sub.c", True, False),
+        ("searchr1.sub.c", "searchr1.sub.a", False, False),
+        ("searchr1.e", "searchr1.f", False, False),
+        ("searchr1.f", "searchr1.e", False, True),
+        ("searchr1.f", "searchr1.cli", False, False),
     }
-    assert find_cycles(graph(imports, in_functions=False)) == []
-    assert find_cycles(graph(imports, in_functions=True)) == [["searchr1.sub.a", "searchr1.sub.c"]]
+    lazy, typed = ["searchr1.sub.a", "searchr1.sub.c"], ["searchr1.e", "searchr1.f"]
+    assert find_cycles(graph(imports, in_functions=False, type_checking=False)) == []
+    assert find_cycles(graph(imports, in_functions=True, type_checking=False)) == [lazy]
+    assert find_cycles(graph(imports, in_functions=False, type_checking=True)) == [typed]
+    assert find_cycles(every_import(imports)) == [typed, lazy]
     deps = heavy_dependencies(pkg)
     assert deps["searchr1.sub.c"] == deps["searchr1.sub"] == {"numpy"}  # through a, and as c's parent
     assert deps["searchr1"] == deps["searchr1.cli"] == frozenset()
+    assert deps["searchr1.e"] == {"numpy"}
+    assert deps["searchr1.f"] == frozenset()  # its import of e is for the type checker: it runs nothing
     assert is_cli("searchr1.cli") and is_cli("searchr1.data.cli") and is_cli("searchr1.cli_common")
     assert is_cli("searchr1.evaluation.ask_cli")
     assert not is_cli("searchr1.client") and not is_cli("searchr1.retrieval.client")
@@ -350,10 +384,10 @@ def source() -> tuple[set[str], list[Import]]:
     return read_imports()
 
 
-def test_no_import_cycle_even_counting_in_function_imports(source):
-    """Not at module level, and not hidden inside a function either."""
+def test_no_import_cycle_even_counting_in_function_and_type_checking_imports(source):
+    """Not at module level, not hidden inside a function, and not under ``if TYPE_CHECKING:`` either."""
     _, imports = source
-    cycles = find_cycles(graph(imports, in_functions=True))
+    cycles = find_cycles(every_import(imports))
     assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
 
 
@@ -367,17 +401,17 @@ def test_library_modules_never_import_a_cli(source):
     assert not bad, "the CLIs import the library, never the reverse:\n" + "\n".join(bad)
 
 
-def test_no_package_cycle_counting_in_function_imports(source):
+def test_no_package_cycle_counting_in_function_and_type_checking_imports(source):
     _, imports = source
-    cycles = find_cycles(package_graph(graph(imports, in_functions=True)))
-    assert not cycles, "package cycles (in-function imports counted):\n" + "\n".join(
+    cycles = find_cycles(package_graph(every_import(imports)))
+    assert not cycles, "package cycles (in-function and TYPE_CHECKING imports counted):\n" + "\n".join(
         " <-> ".join(c) for c in cycles
     )
 
 
 def test_packages_import_only_the_packages_below_them(source):
     _, imports = source
-    g = package_graph(graph(imports, in_functions=True))
+    g = package_graph(every_import(imports))
     bad = [
         f"{package} imports {other} ({', '.join(sorted({f'{i.source}:{i.line}' for i in imports if package_of(i.source) == package and package_of(i.target) == other}))})"
         for package, allowed in MAY_IMPORT.items()
@@ -396,6 +430,7 @@ def test_in_function_imports_are_for_heavy_dependencies(source):
         f"that {i.source} does not import already ({', '.join(sorted(deps[i.source])) or 'none'})"
         for i in imports
         if i.in_function
+        and not i.type_checking
         and not deps[i.target] - deps[i.source]
         and i.source not in LAZY_LIGHT_IMPORTS_ALLOWED
     ]
@@ -416,7 +451,7 @@ def test_config_sections_import_no_registry(source):
     """A section (``<package>.config``) checks its own values; the registered names are checked where
     the config is assembled (``searchr1.config`` through ``searchr1.plugins``), after the plugins."""
     known, imports = source
-    g = graph(imports, in_functions=True)
+    g = graph(imports, in_functions=True, type_checking=False)  # what checking a section imports when it runs
     sections = sorted(m for m in known if m.endswith(".config") and m != "searchr1.config")
     assert "searchr1.rollout.config" in sections and "searchr1.trainer.config" in sections
     bad = []

@@ -307,7 +307,7 @@ def run_ours_row(shape: str, work: Workload, device: str, graphs: bool) -> dict[
     from peft import LoraConfig, get_peft_model
 
     from searchr1.precision import frozen_linears_to_bf16
-    from searchr1.rollout.static_decode import decode_mode
+    from searchr1.rollout.decode_modes import decode_mode
     from searchr1.trainer.policy import PolicyLogprobs
 
     model = build_model(shape, device, work.seed)

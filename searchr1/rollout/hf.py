@@ -38,13 +38,13 @@ from searchr1.retrieval.base import Retriever
 from searchr1.rollout.actions import StopDetector, eos_token_ids
 from searchr1.rollout.attention import decode_attention_for
 from searchr1.rollout.config import RolloutConfig
+from searchr1.rollout.decode_modes import decode_mode
 from searchr1.rollout.engine import NewToken, PolicyWeights, RolloutEngine, TokenListener
 from searchr1.rollout.episode import Episode, EpisodeContext, checked_prompts
 from searchr1.rollout.kv import KVBatch, model_config
 from searchr1.rollout.sampling import SamplingParams, logprob_temperature, row_generators, sample_tokens
 from searchr1.rollout.search import SearchJob, SearchRunner
 from searchr1.rollout.slots import SlotBatch
-from searchr1.rollout.static_decode import decode_mode
 from searchr1.rollout.steer import Steer, SteerRow
 from searchr1.rollout.types import Trajectory
 

@@ -45,7 +45,8 @@ import torch
 import torch.nn.functional as F
 
 from searchr1.modeling import LinearPlan, MergedWeights
-from searchr1.rollout.static_decode import DecodeMode, StaticDecode, static_rows
+from searchr1.rollout.decode_modes import DecodeMode, static_rows
+from searchr1.rollout.static_decode import StaticDecode
 
 MIN_SHARED_PREFIX = 16
 """A common prompt prefix shorter than this is not stored apart (a chosen threshold, not a measured one)."""

@@ -7,9 +7,10 @@ launching them (30 layers x ~10 kernels, plus the indexing around them), not by 
 needs every shape and every address fixed, so the step is laid out as follows:
 
 * **Rows in buckets.** A step over slots ``0 .. w - 1`` (the fed ones and those waiting between them) runs
-  over the smallest bucket ``B >= w`` of ``BUCKETS`` rows; rows that are not fed are computed and dropped.
-  The slot buffers hold at least ``B`` rows and keep them through compaction (``SlotBatch.fixed_rows``). A
-  step wider than the largest bucket runs eagerly (one line says so, once per batch).
+  over the smallest bucket ``B >= w`` of ``BUCKETS`` rows (``searchr1.rollout.decode_modes``); rows that are
+  not fed are computed and dropped. The slot buffers hold at least ``B`` rows and keep them through
+  compaction (``SlotBatch.fixed_rows``). A step wider than the largest bucket runs eagerly (one line says
+  so, once per batch).
 * **Fixed columns.** Attention reads every column of the slot buffers (``capacity``), masked past each row's
   length, as the eager step does; the engine reserves each slot's columns up front (``columns=``), and a
   buffer that must grow anyway drops the captured graphs (they are captured again on the new buffers).
@@ -35,63 +36,64 @@ from __future__ import annotations
 
 import sys
 import weakref
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import torch
 
-from searchr1.errors import UserFacingError
+from searchr1.rollout.decode_modes import BUCKETS, bucket_for, check_graphs_device
 
-if TYPE_CHECKING:
-    from searchr1.rollout.slots import SlotBatch
-
-DecodeMode = Literal["eager", "static", "graphs"]
-"""How ``SlotBatch`` runs a step that feeds one token per slot: eager (shapes of the step's own slots; the
-CPU's path) | static (fixed shapes per row bucket, this module) | graphs (static, each bucket's step captured
-once as a CUDA graph and replayed; CUDA only)."""
-
-BUCKETS = (8, 16, 32, 64, 128)
-"""Rows of the fixed-shape decode steps (the largest is ``rollout.max_batch_rows`` at most in practice)."""
 WARMUP_RUNS = 2
 """Runs of a bucket's step on a side stream before its capture (PyTorch's recipe: lazy initialisations)."""
 
 
-def bucket_for(width: int, buckets: tuple[int, ...] = BUCKETS) -> int | None:
-    """The smallest bucket of at least ``width`` rows, or None when ``width`` exceeds them all."""
-    return next((b for b in buckets if b >= width), None)
+class SlotBuffers(Protocol):
+    """What the fixed-shape steps read and call on their batch: the members of ``SlotBatch``
+    (``searchr1.rollout.slots``, which owns a ``StaticDecode`` and imports this module) that they use."""
 
+    device: torch.device
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    lengths: list[int]
+    prefix_len: int
+    heads: int
+    kv_heads: int
+    group: int
+    head_dim: int
+    fed_tokens: int
+    forward_calls: int
+    w: Any
+    """The decode weights (``slots.DecodeWeights``): ``embedding``, ``head``, ``final_norm``."""
+    _turns: torch.Tensor
 
-def static_rows(n_slots: int, buckets: tuple[int, ...] = BUCKETS) -> int:
-    """Rows the slot buffers need so that every step over ``n_slots`` slots fits its bucket."""
-    return max(n_slots, bucket_for(n_slots, buckets) or n_slots)
+    @property
+    def capacity(self) -> int: ...
 
+    def _reserve(self, columns: int) -> None: ...
 
-def check_graphs_device(device: torch.device) -> None:
-    """Refuse CUDA graphs on a device that is not CUDA (one line)."""
-    if device.type != "cuda" or not torch.cuda.is_available():
-        raise UserFacingError(
-            f"rollout.cuda_graphs=on needs a CUDA device, the model is on {device.type} "
-            "(auto or off decode eagerly)"
-        )
+    def _turn_table(self, need: int) -> torch.Tensor: ...
 
+    def _norm(self, h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor: ...
 
-def decode_mode(setting: str, device: torch.device) -> DecodeMode:
-    """The ``SlotBatch`` decode mode of ``rollout.cuda_graphs`` on ``device``: auto (graphs on CUDA, eager
-    elsewhere) | on (graphs; refused off CUDA) | off (eager)."""
-    if setting == "on":
-        check_graphs_device(device)
-        return "graphs"
-    if setting == "auto" and device.type == "cuda":
-        return "graphs"
-    return "eager"
+    def _layers(
+        self,
+        h: torch.Tensor,
+        turns: tuple[torch.Tensor, torch.Tensor],
+        attend: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+    ) -> torch.Tensor: ...
+
+    def _attention(
+        self, i: int, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, hidden: torch.Tensor
+    ) -> torch.Tensor: ...
 
 
 class StaticDecode:
     """The fixed-shape decode steps of one ``SlotBatch``; see the module docstring."""
 
-    def __init__(self, batch: SlotBatch, graphs: bool, buckets: tuple[int, ...] = BUCKETS) -> None:
+    def __init__(self, batch: SlotBuffers, graphs: bool, buckets: tuple[int, ...] = BUCKETS) -> None:
         if graphs:
             check_graphs_device(batch.device)
-        self.batch: SlotBatch = weakref.proxy(batch)  # no reference cycle: the buffers go with their batch
+        self.batch: SlotBuffers = weakref.proxy(batch)  # no reference cycle: the buffers go with their batch
         self.graphs = graphs
         self.buckets = buckets
         self.inputs: dict[int, torch.Tensor] = {}

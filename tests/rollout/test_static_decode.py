@@ -13,9 +13,9 @@ from test_rollout_engines import prompts_of
 from searchr1.errors import UserFacingError
 from searchr1.modeling import merged_weights_for
 from searchr1.rollout.config import RolloutConfig
+from searchr1.rollout.decode_modes import BUCKETS, bucket_for, decode_mode, static_rows
 from searchr1.rollout.hf import HFRolloutEngine
 from searchr1.rollout.slots import GROWTH, MIN_SHARED_PREFIX, SlotBatch
-from searchr1.rollout.static_decode import BUCKETS, bucket_for, decode_mode, static_rows
 
 ATOL = 1e-4
 

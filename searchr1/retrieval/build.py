@@ -30,7 +30,17 @@ from typing import Any
 import numpy as np
 
 from searchr1.retrieval.bm25 import BM25_DIR, BM25Params
-from searchr1.retrieval.bm25_build import BM25StreamBuilder, min_memory_mb
+from searchr1.retrieval.bm25.build import BM25StreamBuilder, min_memory_mb
+from searchr1.retrieval.bm25.first_pass import (
+    AnalysedChunk,
+    Pass1Spec,
+    analysed_chunks,
+    chunk_spans,
+    commit_lines,
+    store_dictionary,
+    validate_chunking,
+)
+from searchr1.retrieval.bm25.store import STORE_FILES, DocStoreWriter
 from searchr1.retrieval.checkpoint import (
     BuildState,
     IndexBuildError,
@@ -45,18 +55,8 @@ from searchr1.retrieval.checkpoint import (
 from searchr1.retrieval.corpus import ReadPosition, file_sha256
 from searchr1.retrieval.dense import DENSE_DIR, INDEX_FILE, PARAMS_FILE, DenseParams, Encoder
 from searchr1.retrieval.dense_build import DenseIndexSpec, fill_index, new_index, training_sample
-from searchr1.retrieval.docstore import STORE_FILES, DocStoreWriter
 from searchr1.retrieval.ids import SeenIds
 from searchr1.retrieval.manifest import MANIFEST, Manifest
-from searchr1.retrieval.pass1 import (
-    AnalysedChunk,
-    Pass1Spec,
-    analysed_chunks,
-    chunk_spans,
-    commit_lines,
-    store_dictionary,
-    validate_chunking,
-)
 
 RUNS_DIR = "bm25_runs"
 VECTORS_FILE = "vectors.f32"

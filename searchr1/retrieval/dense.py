@@ -26,9 +26,9 @@ from pathlib import Path
 import numpy as np
 
 from searchr1.retrieval.base import Hit, Retriever, SearchError
+from searchr1.retrieval.bm25.store import DocStore
 from searchr1.retrieval.corpus import Document
 from searchr1.retrieval.dense_build import DenseIndexSpec, build_from_vectors, read_index, tune_faiss
-from searchr1.retrieval.docstore import DocStore
 
 DENSE_DIR = "dense"
 INDEX_FILE = "index.faiss"

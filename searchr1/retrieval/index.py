@@ -18,11 +18,11 @@ from typing import Any
 
 from searchr1.retrieval.base import Retriever
 from searchr1.retrieval.bm25 import BM25Retriever
-from searchr1.retrieval.bm25_index import REBUILD, DamagedIndex
+from searchr1.retrieval.bm25.errors import REBUILD, DamagedIndex
+from searchr1.retrieval.bm25.store import DocStore
 from searchr1.retrieval.build import BuildRequest, run_build
 from searchr1.retrieval.corpus import file_sha256
 from searchr1.retrieval.dense import DenseRetriever, model_label, same_encoder
-from searchr1.retrieval.docstore import DocStore
 from searchr1.retrieval.manifest import MANIFEST, IndexLoadError, IndexMismatchError, Manifest
 
 __all__ = ["MANIFEST", "IndexLoadError", "IndexMismatchError", "Manifest", "build_index", "load_index"]

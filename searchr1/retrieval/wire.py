@@ -30,7 +30,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
 from searchr1.retrieval.base import Hit
-from searchr1.retrieval.docstore import document_json
+from searchr1.retrieval.bm25.store import document_json
 
 
 @dataclass

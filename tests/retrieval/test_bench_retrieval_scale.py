@@ -26,7 +26,7 @@ from searchr1.bench.retrieval_scale import (
     targets,
     tree_rss_gb,
 )
-from searchr1.retrieval.analysis import RegexAnalyzer
+from searchr1.retrieval.bm25.analysis import RegexAnalyzer
 
 
 def test_generated_passages_are_seeded_wiki_shaped_and_any_range_stands_alone():
@@ -253,7 +253,7 @@ def test_the_kill_part_kills_a_build_in_its_merge_and_finds_the_resumed_files_id
     calls = []
     monkeypatch.setattr(mod, "run_worker", lambda task, threads, log: calls.append(task) or real(task, threads, log))
     # the process to kill merges slowly enough to be caught: a sleep before each piece of the index
-    slow = ("import time; from searchr1.retrieval import bm25_build as b; real = b._merge_piece; "
+    slow = ("import time; from searchr1.retrieval.bm25 import build as b; real = b._merge_piece; "
             "b._merge_piece = lambda *a: (time.sleep(0.3), real(*a))[1]; ")  # fmt: skip
     monkeypatch.setattr(mod, "KILLED_WORKER", slow + mod.KILLED_WORKER)
     row = mod.kill_and_resume_bm25(corpus, tmp_path / "whole", tmp_path, 1, 4, tmp_path / "log")

@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from searchr1.retrieval.analysis import RegexAnalyzer
 from searchr1.retrieval.bm25 import BM25Params, BM25Retriever
+from searchr1.retrieval.bm25.analysis import RegexAnalyzer
+from searchr1.retrieval.bm25.store import DocStore
 from searchr1.retrieval.corpus import Document
-from searchr1.retrieval.docstore import DocStore
 
 
 def test_finds_each_document_by_its_name(bm25, docs):

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from searchr1.retrieval import bm25_build
 from searchr1.retrieval.bm25 import BM25Params, BM25Retriever
+from searchr1.retrieval.bm25 import build as bm25_build
 from searchr1.retrieval.checkpoint import read_state
 from searchr1.retrieval.corpus import Document, write_corpus
 from searchr1.retrieval.index import IndexLoadError, build_index, load_index
@@ -101,7 +101,7 @@ def test_a_merge_budget_below_one_chunk_is_refused_before_any_work(tmp_path, cap
 
 _KILL_DURING_MERGE = """
 import os, signal, sys
-from searchr1.retrieval import bm25_build
+from searchr1.retrieval.bm25 import build as bm25_build
 from searchr1.retrieval.index import build_index
 real, seen = bm25_build.FileSink.add, {"n": 0}
 def add(self, *args):

@@ -10,12 +10,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from searchr1.retrieval.bm25 import BM25Retriever, _best
-from searchr1.retrieval.bm25_blocks import BLOCK, Postings, encode_postings
-from searchr1.retrieval.bm25_index import POSTINGS_FILE, DamagedIndex
-from searchr1.retrieval.bm25_kernel import RAW, SCORE, TF
+from searchr1.retrieval.bm25 import BM25Retriever
+from searchr1.retrieval.bm25.errors import DamagedIndex
+from searchr1.retrieval.bm25.files import POSTINGS_FILE
+from searchr1.retrieval.bm25.kernel import RAW, SCORE, TF
+from searchr1.retrieval.bm25.postings import BLOCK, Postings, encode_postings
+from searchr1.retrieval.bm25.retriever import _best
+from searchr1.retrieval.bm25.store import DocStore
 from searchr1.retrieval.corpus import Document, write_corpus
-from searchr1.retrieval.docstore import DocStore
 from searchr1.retrieval.index import build_index, load_index
 from searchr1.retrieval.manifest import IndexLoadError
 

@@ -68,7 +68,7 @@ def test_e5_models_get_prefixes():
 
 
 def test_save_load_roundtrip(tmp_path, dense, docs, encoder):
-    from searchr1.retrieval.docstore import DocStore
+    from searchr1.retrieval.bm25.store import DocStore
 
     dense.save(tmp_path)
     DocStore.write(docs[:60], tmp_path)

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from searchr1.retrieval.analysis import LuceneEnglishAnalyzer, PorterStemmer
 from searchr1.retrieval.bm25 import BM25Retriever, lucene_length, lucene_norm
-from searchr1.retrieval.bm25_index import LUCENE_LENGTHS, boosted_scores, inverse_norms
+from searchr1.retrieval.bm25.analysis import LuceneEnglishAnalyzer, PorterStemmer
+from searchr1.retrieval.bm25.scoring import LUCENE_LENGTHS, boosted_scores, inverse_norms
 from searchr1.retrieval.corpus import Document, read_corpus, write_corpus
 from searchr1.retrieval.index import build_index, load_index
 from tests.must_run import skip_or_fail

@@ -11,9 +11,8 @@ import orjson
 import pytest
 
 from searchr1.retrieval.base import Hit
-from searchr1.retrieval.bm25_blocks import DamagedIndex
-from searchr1.retrieval.corpus import Document, write_corpus
-from searchr1.retrieval.docstore import (
+from searchr1.retrieval.bm25.errors import DamagedIndex
+from searchr1.retrieval.bm25.store import (
     DICT_FILE,
     FRAMES_FILE,
     STORE_FILE,
@@ -27,6 +26,7 @@ from searchr1.retrieval.docstore import (
     sample_dictionary,
     write_jsonl_store,
 )
+from searchr1.retrieval.corpus import Document, write_corpus
 from searchr1.retrieval.index import IndexLoadError, build_index, load_index
 from searchr1.retrieval.wire import HitEncoder
 

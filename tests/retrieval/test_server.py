@@ -172,7 +172,7 @@ def test_backend_failure_is_503_and_server_recovers(docs, bm25):
 
 
 def test_the_server_answers_its_first_query_with_the_kernel_already_compiled(tmp_path, corpus_file, docs, caplog):
-    from searchr1.retrieval.bm25_kernel import top_k_batch
+    from searchr1.retrieval.bm25.kernel import top_k_batch
     from searchr1.retrieval.index import build_index, load_index
 
     build_index(corpus_file, tmp_path / "idx", show_progress=False)

@@ -12,11 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from searchr1.retrieval import bm25_build
 from searchr1.retrieval import build as build_mod
-from searchr1.retrieval.analysis import RegexAnalyzer
-from searchr1.retrieval.bm25 import BM25Params, BM25Retriever, _best, hash_terms
-from searchr1.retrieval.bm25_build import BM25StreamBuilder
+from searchr1.retrieval.bm25 import BM25Params, BM25Retriever, hash_terms
+from searchr1.retrieval.bm25 import build as bm25_build
+from searchr1.retrieval.bm25.analysis import RegexAnalyzer
+from searchr1.retrieval.bm25.build import BM25StreamBuilder
+from searchr1.retrieval.bm25.retriever import _best
 from searchr1.retrieval.checkpoint import IndexBuildError, read_state
 from searchr1.retrieval.corpus import Document, ReadPosition, read_corpus, write_corpus
 from searchr1.retrieval.index import IndexLoadError, build_index, load_index
@@ -142,7 +143,7 @@ def test_hashed_vocabulary_finds_every_term_and_resolves_collisions(monkeypatch)
     terms = [f"term{i}" for i in range(500)]
     _, ids, salt = hash_terms(terms)
     assert salt == 0 and sorted(ids.tolist()) == list(range(500))
-    from searchr1.retrieval import bm25_index
+    from searchr1.retrieval.bm25 import vocabulary as bm25_index
 
     real = bm25_index.term_hash
     monkeypatch.setattr(bm25_index, "term_hash", lambda t, s=0: 7 if s == 0 else real(t, s))  # all collide
@@ -488,7 +489,7 @@ def test_a_build_on_two_workers_interrupted_then_resumed_equals_an_uninterrupted
 
 
 def test_chunks_are_cut_on_lines_by_count_and_by_bytes(tmp_path, monkeypatch):
-    from searchr1.retrieval import pass1
+    from searchr1.retrieval.bm25 import first_pass as pass1
 
     path = tmp_path / "c.jsonl"
     path.write_bytes(b"a\n" * 7 + b"b" * 5000 + b"\n" + b"c\n\n" + b"tail")

@@ -8,10 +8,10 @@ on the corpus and the settings, never on the number of workers, so neither does 
 
 Each chunk is handled by one call of ``analyse_chunk`` (in a worker process, or in this one with one
 worker): its lines parsed (``corpus.parse_raw_line``), the passages' records compressed into the
-passage store's frames (``docstore.encode_frames``), the BM25 run analysed and written to the
-spill folder under its chunk number (``bm25_build.make_run`` / ``write_run``), the passages' id hashes
+passage store's frames (``store.encode_frames``), the BM25 run analysed and written to the
+spill folder under its chunk number (``build.make_run`` / ``write_run``), the passages' id hashes
 (``ids.id_hash``) computed; for a dense build, the passages themselves returned. Rows in a run count
-from the chunk's first passage (``bm25_build``: its base is the passages of the runs before it).
+from the chunk's first passage (``build``: its base is the passages of the runs before it).
 
 The build's process takes the chunks in corpus order (``commit_lines``): it checks each line's ids
 against those read before (``ids.SeenIds``: one vectorised test of the chunk's hashes; only when it
@@ -35,9 +35,10 @@ from pathlib import Path
 
 import numpy as np
 
-from searchr1.retrieval.analysis import Analyzer
-from searchr1.retrieval.bm25_build import make_run, run_path, write_run
-from searchr1.retrieval.bm25_index import BM25Params
+from searchr1.retrieval.bm25.analysis import Analyzer
+from searchr1.retrieval.bm25.build import make_run, run_path, write_run
+from searchr1.retrieval.bm25.params import BM25Params
+from searchr1.retrieval.bm25.store import DICT_SAMPLE, encode_frames, sample_dictionary
 from searchr1.retrieval.corpus import (
     CorpusError,
     Document,
@@ -50,7 +51,6 @@ from searchr1.retrieval.corpus import (
     repeated_id,
     repeated_id_message,
 )
-from searchr1.retrieval.docstore import DICT_SAMPLE, encode_frames, sample_dictionary
 from searchr1.retrieval.ids import SeenIds, id_hashes
 
 CHUNK_BYTES_PER_PASSAGE = 2048
@@ -68,11 +68,11 @@ class Pass1Spec:
     bm25: BM25Params | None = None
     """BM25 settings: analyse the passages into a run; None: no run (dense builds)."""
     run_dir: str | None = None
-    """The spill folder the runs are written to (``bm25_build.run_path``)."""
+    """The spill folder the runs are written to (``build.run_path``)."""
     keep_docs: bool = False
     """Return the passages (dense builds encode them in the build's process)."""
     store_dict: bytes | None = None
-    """The passage store's zstd dictionary (``docstore.train_dictionary``)."""
+    """The passage store's zstd dictionary (``store.train_dictionary``)."""
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ class AnalysedChunk:
     """``ids.id_hash`` of each passage's id."""
     frames: bytes
     sizes: np.ndarray
-    """The passages compressed for the store (``docstore.encode_frames``)."""
+    """The passages compressed for the store (``store.encode_frames``)."""
     run_postings: int = 0
     run_bytes: int = 0
     run_error: tuple[int, str, str] | None = None

@@ -1,4 +1,4 @@
-"""Postings in blocks of 128 for the compiled kernel (``bm25_kernel``): the arrays it reads, built from
+"""Postings in blocks of 128 for the compiled kernel (``kernel``): the arrays it reads, built from
 an in-memory score matrix (layout RAW) or encoded by the build (layouts TF and SCORE).
 
 Each column's postings are cut into blocks of ``BLOCK``; block ``b`` of column ``t`` is block
@@ -17,13 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from numba import njit
 
-from searchr1.retrieval.bm25_kernel import BLOCK, RAW, SCORE, TF, decode_block
-
-REBUILD = "rebuild it with `searchr1 index build --corpus CORPUS --out FOLDER`"
-
-
-class DamagedIndex(ValueError):
-    """An index file whose bytes are not those the build wrote (truncated, corrupted, missing)."""
+from searchr1.retrieval.bm25.errors import REBUILD, DamagedIndex
+from searchr1.retrieval.bm25.kernel import BLOCK, RAW, SCORE, TF, decode_block
 
 _EMPTY_I32 = np.zeros(0, np.int32)
 _EMPTY_F32 = np.zeros(0, np.float32)

@@ -12,8 +12,8 @@ Pass 2 (``finish``). N, avgdl and each term's document frequency are known only 
 space is cut into ranges holding about ``memory_mb`` worth of postings (counted exactly from the runs'
 term tables), and each range is merged on its own: every run's terms and postings of the range are
 read, terms with the same key become one column, their postings concatenated in run order (so each
-column's passages come out ascending), scored (``bm25_index.term_scores``: each block's largest score)
-and appended to the index files as blocks of 128 postings (``bm25_blocks``).
+column's passages come out ascending), scored (``scoring.term_scores``: each block's largest score)
+and appended to the index files as blocks of 128 postings (``postings``).
 Columns are in key order, so the index's vocabulary hashes come out sorted, ready for the binary search
 of ``HashedVocabulary``; two terms whose first hashes collide (odds ~1e-5 for 21M terms) get separate
 columns and the vocabulary is hashed again with another salt. Memory: ``memory_mb`` of postings
@@ -38,37 +38,40 @@ from pathlib import Path
 
 import numpy as np
 
-from searchr1.retrieval.analysis import Analyzer
-from searchr1.retrieval.bm25_blocks import BLOCK, encode_blocks
-from searchr1.retrieval.bm25_index import (
+from searchr1.retrieval.bm25.analysis import Analyzer
+from searchr1.retrieval.bm25.files import (
     BLOCK_LAST_FILE,
     BLOCK_MAX_FILE,
     BLOCK_OFFSETS_FILE,
     BLOCK_PTR_FILE,
     ID_KEYS_FILE,
     INDPTR_FILE,
-    LUCENE_LENGTHS,
     NONOCCURRENCE_FILE,
-    NONOCCURRENCE_METHODS,
     NORMS_FILE,
     POSTINGS_FILE,
     SCORES_FILE,
     TERM_MAX_FILE,
+    ScoreMatrix,
+    file_checksums,
+    layout_name,
+    tf_layout,
+    write_params,
+)
+from searchr1.retrieval.bm25.params import NONOCCURRENCE_METHODS, BM25Params
+from searchr1.retrieval.bm25.postings import BLOCK, encode_blocks
+from searchr1.retrieval.bm25.scoring import (
+    LUCENE_LENGTHS,
+    id_sort_keys,
+    idf_array,
+    lucene_norm,
+    term_scores,
+    tf_component,
+)
+from searchr1.retrieval.bm25.vocabulary import (
     VOCAB_HASH_FILE,
     VOCAB_IDS_FILE,
     VOCAB_TEXT_FILE,
-    BM25Params,
-    ScoreMatrix,
-    file_checksums,
-    id_sort_keys,
-    idf_array,
-    layout_name,
-    lucene_norm,
     term_hash,
-    term_scores,
-    tf_component,
-    tf_layout,
-    write_params,
     write_vocabulary,
 )
 from searchr1.retrieval.corpus import Document
@@ -424,7 +427,7 @@ class NpyAppender:
 
 class FileSink:
     """Appends the merged columns to the index files in ``out`` (the ``bm25`` folder): posting blocks
-    (``bm25_blocks``: row gaps and term frequencies, or row gaps beside float32 scores), their bounds,
+    (``postings``: row gaps and term frequencies, or row gaps beside float32 scores), their bounds,
     the column pointers and maxima, the vocabulary's hashes and text."""
 
     def __init__(self, out: Path, with_tf: bool) -> None:

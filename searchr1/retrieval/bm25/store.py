@@ -54,7 +54,7 @@ import numpy as np
 import orjson
 import zstandard
 
-from searchr1.retrieval.bm25_blocks import REBUILD, DamagedIndex
+from searchr1.retrieval.bm25.errors import REBUILD, DamagedIndex
 from searchr1.retrieval.corpus import Document
 
 _ID_DECODER = json.JSONDecoder()

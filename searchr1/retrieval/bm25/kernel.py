@@ -25,7 +25,7 @@ ones), TF (varint row gaps and term frequencies in one byte stream; the score co
 float32, from the term frequency and the passage's one-byte Lucene norm exactly as ``term_scores``
 computes it at build time: ``w - w / (1 + tf inv[norm])``) and SCORE (varint row gaps, float32 scores
 beside them: methods other than Lucene's). A query term repeated n times is one clause boosted by n
-(``bm25_index.boosted_scores``): ``w = float32(n idf)`` in the formula above (TF), the term frequency
+(``scoring.boosted_scores``): ``w = float32(n idf)`` in the formula above (TF), the term frequency
 recovered from the stored score first (RAW, Lucene's settings), else n x the score.
 
 Everything here runs with ``nogil``: a search thread releases the interpreter lock for the whole
@@ -51,10 +51,6 @@ MARGIN = 1e-9
 BOOST_MARGIN = 1e-6
 """A boosted term's score may exceed count x its single score by float32 rounding: its bound's margin."""
 MAX_TF = 65535.0
-
-
-class CorruptIndex(ValueError):
-    """A block of postings that cannot be what the build wrote."""
 
 
 @njit(nogil=True, cache=True)
@@ -106,7 +102,7 @@ def decode_block(
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def _recover_tf(s: np.float32, idf: np.float32, inv: np.float32) -> np.float32:
-    """The term frequency whose Lucene score is the stored ``s`` (``bm25_index.boosted_scores``)."""
+    """The term frequency whose Lucene score is the stored ``s`` (``scoring.boosted_scores``)."""
     one = np.float32(1.0)
     est = (np.float64(idf) / (np.float64(idf) - np.float64(s)) - 1.0) / np.float64(inv)
     if np.isnan(est):

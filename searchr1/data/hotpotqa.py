@@ -13,6 +13,8 @@ paragraphs and sentences) and ``context`` (``{"title": [...], "sentences": [[...
 
     rows = read_hotpotqa("shared/data/hotpotqa-sample/test.jsonl")
     corpus = hotpotqa_corpus(raw_rows)
+    missing = missing_gold(rows, corpus)         # [(row id, title)] of gold paragraphs the corpus lacks
+    print(missing_gold_line(missing, len(rows)) or "every gold paragraph is in the corpus")
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from searchr1.data.formats import DataError, jsonl_rows
+from searchr1.data.supporting import supporting_titles, title_key
 
 DATA_SOURCE = "hotpotqa"
 
@@ -105,6 +108,34 @@ def hotpotqa_corpus(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, str]]:
             if text:
                 seen.setdefault((title, text), None)
     return [{"id": str(i), "contents": f'"{title}"\n{text}'} for i, (title, text) in enumerate(seen)]
+
+
+def missing_gold(
+    rows: Iterable[Mapping[str, Any]], corpus: Iterable[Mapping[str, Any]]
+) -> list[tuple[str, str]]:
+    """``(row id, title)`` for each supporting title of the FlashRAG ``rows`` that no passage of ``corpus``
+    (``{"contents": "\"Title\"\ntext"}``) carries, in row order; titles compare by ``title_key``."""
+    have = {title_key(str(p["contents"]).partition("\n")[0]) for p in corpus}
+    return [
+        (str(row.get("id")), title)
+        for row in rows
+        for title in supporting_titles(row.get("metadata") or {}, DATA_SOURCE)
+        if title_key(title) not in have
+    ]
+
+
+def missing_gold_line(missing: Sequence[tuple[str, str]], questions: int) -> str | None:
+    """One line naming the gold paragraphs a corpus lacks (the first three), None when it lacks none."""
+    if not missing:
+        return None
+    rows = len({row for row, _ in missing})
+    more = " ..." if len(missing) > 3 else ""
+    shown = "; ".join(f"{row}: {title!r}" for row, title in missing[:3]) + more
+    paragraphs = "1 gold paragraph" if len(missing) == 1 else f"{len(missing)} gold paragraphs"
+    return (
+        f"corpus: {paragraphs} of {rows} of the {questions} questions missing, so no search can find "
+        f"{'it' if len(missing) == 1 else 'them'} ({shown})"
+    )
 
 
 def write_hotpotqa(inputs: Sequence[str | Path], out_dir: str | Path) -> dict[str, Path]:

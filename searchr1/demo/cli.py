@@ -25,6 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from searchr1.demo import hotpotqa_cli
 from searchr1.demo.settings import DEFAULT_TEMPLATE, RUN_NAMES, SUMMARY_FILE, DemoSettings, check_settings
 from searchr1.errors import UserFacingError
 from searchr1.models import DEFAULT_MODEL
@@ -105,6 +106,7 @@ def add_arguments(parser: Any) -> None:
         default=DEFAULT_TEMPLATE,
         help=f"prompt template (data.template; default {DEFAULT_TEMPLATE})",
     )
+    hotpotqa_cli.add_arguments(parser)
     parser.add_argument("overrides", nargs="*", help="extra dotted key=value overrides of the RL config")
 
 
@@ -147,6 +149,8 @@ def settings_from_args(args: argparse.Namespace) -> DemoSettings:
 
 
 def run_from_args(args: argparse.Namespace) -> int:
+    if (status := hotpotqa_cli.run_if_hotpotqa(args)) is not None:
+        return status
     import torch
 
     from searchr1.demo.console import print_report, write_reports

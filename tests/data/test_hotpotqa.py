@@ -12,7 +12,14 @@ from sample_data import REPO
 
 from searchr1.cli import main
 from searchr1.data.formats import load_samples
-from searchr1.data.hotpotqa import HotpotQAError, flashrag_row, hotpotqa_corpus, read_hotpotqa
+from searchr1.data.hotpotqa import (
+    HotpotQAError,
+    flashrag_row,
+    hotpotqa_corpus,
+    missing_gold,
+    missing_gold_line,
+    read_hotpotqa,
+)
 from searchr1.data.supporting import question_kind, supporting_titles
 from searchr1.rollout.gold import GoldPath, gold_path
 
@@ -49,6 +56,19 @@ def test_the_corpus_holds_each_distinct_paragraph_once():
         {"id": "1", "contents": '"Alice Verdan"\nAlice Verdan was a poet. She was born in Borvik.'},
         {"id": "2", "contents": '"A"\nA was born in 1900.'},
     ]
+
+
+def test_gold_paragraphs_the_corpus_lacks_are_named_by_row_and_title():
+    rows = [flashrag_row(DICT_FORM), flashrag_row(LIST_FORM)]
+    corpus = hotpotqa_corpus([DICT_FORM, LIST_FORM])  # LIST_FORM's context lacks its gold paragraph "B"
+    assert missing_gold(rows, corpus) == [("a2", "B")]
+    line = missing_gold_line(missing_gold(rows, corpus), len(rows))
+    assert line == "corpus: 1 gold paragraph of 1 of the 2 questions missing, so no search can find it (a2: 'B')"
+    titled = [{"contents": '" quillon  PRESS "\nx'}, {"contents": '"alice verdan"\ny'}]  # titles compare by title_key
+    assert missing_gold([rows[0]], titled) == []
+    assert missing_gold_line([], 2) is None
+    many = [(f"q{i}", f"T{i}") for i in range(5)]
+    assert missing_gold_line(many, 9).endswith("(q0: 'T0'; q1: 'T1'; q2: 'T2' ...)")
 
 
 def test_a_row_without_its_fields_is_named_by_its_line(tmp_path):

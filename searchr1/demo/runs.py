@@ -14,7 +14,9 @@ For each seed:
    and multi-hop reported apart.
 4. **RL** with ``searchr1.trainer`` (GRPO, LoRA; recipe in ``configs/demo_learning.yaml``), reward =
    Search-R1's own outcome reward: exact match, with its structure-format and retrieval scores.
-5. **After**: the same evaluation.
+5. **After**: the same evaluation, of the policy the run ships (``checkpoints/best``, put back by
+   ``restore_best``); when its weights are exactly those of an earlier evaluation (``policy_fingerprint``:
+   no update, or the best is the policy RL started from), that evaluation is reused.
 6. **Controls**: the same recipe with a search engine that finds nothing (the gain must come from
    searching), and, for the first seed, the zero-shot prompt (Search-R1's instruction alone).
    **Ablation** (``outcome_only``): the same recipe with the outcome reward alone, Search-R1's
@@ -212,6 +214,7 @@ def one_run(
     val = _read_jsonl(world_files["val"])
     test = _read_jsonl(world_files["test"])[: settings.num_test]
     trainer = demo_trainer(settings, seed, model_dir, retriever, train, val, out, prompt_path, extra)
+    read = {"before": policy_fingerprint(trainer.policy)}  # the policy each evaluation read
     evals = {"before": evaluate_policy(trainer, test, out / "eval_before", str(prompt_path), seed)}
     log(f"  before: {_line(evals['before'], test, out / 'eval_before')}")
     probe = {"before": _probe(trainer, test, prompt_path, retriever)}
@@ -223,6 +226,7 @@ def one_run(
         trainer.close()
         del trainer  # its model and caches are freed before the warm start loads its own copy
         trainer = _warm_started(cfg, settings, seed, retriever, train, val, out, prompt_path, extra, log)
+        read["warm"] = policy_fingerprint(trainer.policy)
         evals["warm"] = evaluate_policy(trainer, test, out / "eval_warm", str(prompt_path), seed)
         log(f"  warm start alone: {_line(evals['warm'], test, out / 'eval_warm')}")
         probe["warm"] = _probe(trainer, test, prompt_path, retriever)
@@ -233,14 +237,7 @@ def one_run(
     best = trainer.restore_best() if trainer.cfg.trainer.keep_best != "none" else None
     if best is not None:
         log(f"  the best validated policy is evaluated: step {best['step']} (validation EM {best['em']:.3f})")
-    if result.get("updates", 1):
-        evals["after"] = evaluate_policy(trainer, test, out / "eval_after", str(prompt_path), seed)
-    else:  # the policy never changed: greedy decoding gives the same trajectories again
-        import shutil
-
-        shutil.copytree(out / "eval_before", out / "eval_after", dirs_exist_ok=True)
-        evals["after"] = evals["before"]
-        log("  no update was made (every group's rewards were equal): the policy is the starting one")
+    evals["after"] = _evaluate_after(trainer, test, out, prompt_path, seed, evals, read, log)
     log(f"  after:  {_line(evals['after'], test, out / 'eval_after')}")
     probe["after"] = _probe(trainer, test, prompt_path, retriever)
     log(f"  second-search probe after: {_probe_line(probe['after'])}")
@@ -285,6 +282,47 @@ def one_run(
 
 
 REAL_LABELS = {"nq": "NQ sample", "hotpotqa": "HotpotQA sample (transfer)"}
+
+
+def policy_fingerprint(policy: Any) -> str:
+    """A digest of every tensor of ``policy``'s state (names, dtypes, shapes and values): policies with the
+    same digest decode the same greedy trajectories."""
+    import hashlib
+
+    import torch
+
+    digest = hashlib.blake2b(digest_size=16)
+    for name, tensor in policy.state_dict().items():
+        t = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _evaluate_after(
+    trainer: Any,
+    test: list[dict],
+    out: Path,
+    prompt_path: Path,
+    seed: int,
+    evals: dict[str, dict[str, Any]],
+    read: dict[str, str],
+    log: Callable[[str], None],
+) -> dict[str, Any]:
+    """The evaluation of the trainer's policy after RL (the one the run ships: ``restore_best`` put it back)
+    into ``out/eval_after``: an earlier evaluation's (copied) when it read exactly these weights (``read``:
+    each one's ``policy_fingerprint``; RL made no update, or its best is the policy it started from), else
+    a new one."""
+    now = policy_fingerprint(trainer.policy)
+    same = next((when for when in reversed(list(read)) if read[when] == now), None)
+    if same is None:
+        return evaluate_policy(trainer, test, out / "eval_after", str(prompt_path), seed)
+    import shutil
+
+    shutil.copytree(out / f"eval_{same}", out / "eval_after", dirs_exist_ok=True)
+    start = "the warm start's" if same == "warm" else "the starting model's"
+    log(f"  the policy after RL is the one it started from ({start}): its evaluation stands")
+    return evals[same]
 
 
 def _probe(trainer: Any, test: list[dict], prompt_path: Path, retriever: Any) -> dict[str, Any]:
@@ -349,9 +387,14 @@ def _evaluate_real(
     """The policy on real questions, searching their own corpus (an engine of its own on the trainer's
     policy: an engine's retriever is given when it is built, never swapped)."""
     from searchr1.rollout.registry import build_engine
+    from searchr1.trainer.engine_weights import hand_weights
 
     samples, retriever = data
     with build_engine(trainer.cfg, trainer.policy, trainer.tokenizer, retriever) as engine:
+        hand_weights(  # an engine that serves a copy (vLLM) starts from model.path's weights, not the policy's
+            engine, trainer.policy, step=trainer.step, tokenizer=trainer.tokenizer, lora=trainer.lora,
+            dist=trainer.dist, out_dir=trainer.out_dir,
+        )  # fmt: skip
         return evaluate_policy(trainer, samples, out, str(prompt_path), seed, engine=engine)
 
 

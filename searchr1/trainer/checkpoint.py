@@ -12,7 +12,8 @@ Layout of ``<out_dir>/checkpoints/step_000120/``::
 
 ``trainer.keep_best=val_em`` also keeps ``<out_dir>/checkpoints/best/`` (``model/``, ``adapter/``,
 ``best.json`` with the step and validation EM, ``COMPLETE``), replaced atomically when a validation
-beats it; ``best_checkpoint`` finds it and rotation never deletes it.
+beats it; ``best_checkpoint`` finds it, rotation never deletes it, and ``load_best`` puts it back into a
+policy (``RLTrainer.restore_best`` after a resume).
 
 Everything is written to ``.tmp-step_000120`` and renamed at the end (a rename is atomic on POSIX);
 only folders with ``COMPLETE`` count. ``keep_last`` complete checkpoints are kept.
@@ -32,6 +33,7 @@ import torch
 
 from searchr1.data.trained_settings import run_settings
 from searchr1.data.trained_template import TEMPLATE_FILE, run_template, write_trained_template
+from searchr1.trainer.distributed import unwrap
 
 STEP_RE = re.compile(r"^step_(\d+)$")
 COMPLETE = "COMPLETE"
@@ -173,6 +175,60 @@ def best_checkpoint(out_dir: str | Path) -> tuple[Path, dict[str, Any]] | None:
     if not (folder / COMPLETE).is_file():
         return None
     return folder, json.loads((folder / BEST_INFO).read_text())
+
+
+def resumed_best(out_dir: str | Path, saved: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The best validation of a resumed run: the one its checkpoint ``saved``, or the kept folder's when
+    it beats that (a best written after the checkpoint still counts)."""
+    kept = best_checkpoint(out_dir)
+    if kept is not None and (saved is None or kept[1]["em"] > saved["em"]):
+        return kept[1]
+    return saved
+
+
+def load_best(policy: torch.nn.Module, out_dir: str | Path, lora: bool) -> dict[str, Any] | None:
+    """Put the run's kept best policy (``checkpoints/best``) into ``policy``, in place, and return its info
+    (step, validation EM); None (``policy`` untouched) when the run kept none. With ``lora`` its adapter
+    (``adapter/``) is loaded, else the whole model's trainable parameters (``model/``)."""
+    kept = best_checkpoint(out_dir)
+    if kept is None:
+        return None
+    folder, info = kept
+    if lora:
+        from peft import get_peft_model_state_dict
+        from peft.utils import load_peft_weights
+
+        saved = load_peft_weights(str(folder / "adapter"), device="cpu")
+        live = get_peft_model_state_dict(unwrap(policy))  # the adapter's tensors under their saved names
+    else:
+        from safetensors.torch import load_file
+
+        saved = {}
+        for f in sorted((folder / "model").glob("*.safetensors")):
+            saved.update(load_file(str(f)))
+        live = {n: p for n, p in unwrap(policy).named_parameters() if p.requires_grad}
+    missing = sorted(set(live) - set(saved))
+    if missing:
+        raise ValueError(
+            f"{folder}: the kept best policy lacks {len(missing)} of the policy's tensors ({missing[0]}, ...)"
+        )
+    copy_params(live, {name: saved[name] for name in live})
+    return info
+
+
+@torch.no_grad()
+def copy_params(targets: dict[str, torch.Tensor], values: dict[str, torch.Tensor]) -> None:
+    """``targets[name].copy_(value)`` for every ``name, value`` of ``values``; a sharded (FSDP2) target
+    receives its own shard of a full value (every rank calls: collective then)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    for name, value in values.items():
+        target = targets[name]
+        if isinstance(target, DTensor) and not isinstance(value, DTensor):
+            value = distribute_tensor(
+                value.to(target.device, target.dtype), target.device_mesh, target.placements
+            )
+        target.copy_(value)
 
 
 def export_policy(run_dir: str | Path, out: str | Path, best: bool = False) -> tuple[Path, str]:

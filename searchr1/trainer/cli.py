@@ -2,6 +2,7 @@
 
 searchr1 train --config tiny_cpu trainer.total_steps=50 trainer.out_dir=runs/tiny
     (checkpoints: runs/tiny/checkpoints/step_000050/model is a Hugging Face folder for `searchr1 eval --model`)
+    (with trainer.keep_best the last line names the kept best: its step, validation score and folder)
 searchr1 train --config grpo_qwen2.5_3b data.train_files=[data/train.parquet] data.val_files=[data/test.parquet]
 torchrun --nproc_per_node 8 -m searchr1 train --config ppo_qwen2.5_3b
 searchr1 train --plot runs/tiny                 # (re)write the PNG plots of a run
@@ -131,4 +132,23 @@ def _main(args: argparse.Namespace) -> int:
         shown = ", ".join(f"{k}={last[k]:.4g}" for k in keys if isinstance(last.get(k), int | float))
         print(f"done: step {summary['step']} {shown}", file=sys.stderr)
         print(f"run folder: {summary['out_dir']}  checkpoint: {summary.get('checkpoint')}")
+        kept = _kept_best(summary, cfg.trainer.keep_best)
+        if kept:
+            print(kept)
     return 130 if summary.get("interrupted") else 0
+
+
+def _kept_best(summary: dict[str, Any], keep_best: str) -> str | None:
+    """The line that names the policy a run ships as its best (``trainer.keep_best``): its step, validation
+    score and folder; None when it kept none."""
+    from searchr1.trainer.checkpoint import best_checkpoint
+
+    kept = best_checkpoint(summary["out_dir"]) if keep_best != "none" and summary.get("best") else None
+    if kept is None:
+        return None
+    folder, info = kept
+    score = {"val_em_by_kind": "validation EM (mean over kinds)"}.get(keep_best, "validation EM")
+    return (
+        f"kept best: step {info['step']}, {score} {info['em']:.3f}: {folder / 'model'}  "
+        f"(searchr1 train --export {summary['out_dir']} OUT --best copies it)"
+    )

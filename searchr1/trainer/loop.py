@@ -139,9 +139,9 @@ class RLTrainer:
         self.updates = 0
         """Steps whose policy update ran (the policy can only have changed if this is > 0)."""
         self.best_val: dict[str, float] | None = None
-        self._best_params: dict[str, torch.Tensor] | None = None
-        """The trainable parameters of the best validated policy, kept in memory for ``restore_best``."""
         """``{"step", "em"}`` of the best validation so far (``trainer.keep_best``)."""
+        self._best_params: dict[str, torch.Tensor] | None = None
+        """The trainable parameters of the best policy this process validated, for ``restore_best``."""
         rcfg = cfg.replay
         self.replay = ReplayBuffer(rcfg.keep_per_question, rcfg.max_age) if rcfg.enabled else None
         """Successful trajectories per training question (``replay.enabled``; checkpointed)."""
@@ -292,12 +292,9 @@ class RLTrainer:
         self.health.load_state_dict(state.get("health", {}))
         self.steps_without_signal = int(state.get("steps_without_signal", 0))
         self.updates = int(state.get("updates", self.step))
-        self.best_val = state.get("best_val")
+        self.best_val = checkpoint.resumed_best(self.out_dir, state.get("best_val"))
         if self.replay is not None and state.get("replay") is not None:
             self.replay.load_state_dict(state["replay"])
-        kept = checkpoint.best_checkpoint(self.out_dir)  # a best written after this checkpoint still counts
-        if kept is not None and (self.best_val is None or kept[1]["em"] > self.best_val["em"]):
-            self.best_val = kept[1]
         rng = state["rng"]
         checkpoint.set_rng_state(
             rng[self.dist.rank] if isinstance(rng, list) and len(rng) > self.dist.rank else rng
@@ -949,15 +946,16 @@ class RLTrainer:
 
     @torch.no_grad()
     def restore_best(self) -> dict[str, float] | None:
-        """Put the best validated policy of this run (``trainer.keep_best=val_em``) back into the policy, in
-        place (the engine follows, as after an update); returns its ``{"step", "em"}``, or None when this
-        process validated none (no keep_best, no validation yet, or a resumed run: its best is in
-        ``checkpoints/best``)."""
-        if self._best_params is None or self.best_val is None:
+        """Put the policy the run ships as its best (``checkpoints/best``) back into the policy, in place (the
+        engine follows): kept in memory, else (a resumed run) read from there; its ``{"step", "em"}`` or None."""
+        if self.best_val is None or self.tcfg.keep_best == "none":
             return None
-        for name, param in self.policy.named_parameters():
-            if name in self._best_params:
-                param.copy_(self._best_params[name])
+        if self._best_params is not None:
+            checkpoint.copy_params(dict(self.policy.named_parameters()), self._best_params)
+        elif (kept := checkpoint.load_best(self.policy, self.out_dir, lora=self.lora)) is not None:
+            self.best_val = kept
+        else:
+            return None
         self._hand_weights(self.step)
         return dict(self.best_val)
 

@@ -95,6 +95,22 @@ def sentence_naming(hits: Sequence[Any], phrase: str) -> str | None:
     return None
 
 
+SEARCH_SIDE = "search"
+ANSWER_SIDE = "answer"
+
+
+def decision_side(path: GoldPath | None, first_hits: Sequence[Any]) -> str | None:
+    """Which decision the first gold passage calls for: ``SEARCH_SIDE`` when the gold path searches two
+    titles or more (the passage names the next one), ``ANSWER_SIDE`` when it searches one and a sentence of
+    its hits holds the answer; None on neither side (no gold path, or a one-search path whose passage lacks
+    the answer)."""
+    if path is None:
+        return None
+    if len(path.queries) >= 2:
+        return SEARCH_SIDE
+    return ANSWER_SIDE if sentence_naming(first_hits, path.answer) is not None else None
+
+
 def _field(hit: Any, name: str) -> Any:
     return hit.get(name, "") if isinstance(hit, Mapping) else getattr(hit, name, "")
 

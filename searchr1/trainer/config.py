@@ -325,6 +325,12 @@ class WarmStartConfig:
     """Training questions used at most (the first N with a gold path; 0 = all)."""
     save_every: int = 10
     """Optimizer steps between checkpoints of the warm start (also written at the end); 0 = only at the end."""
+    holdout: int = 0
+    """Training questions held out of the warm start (half single-, half multi-hop, seeded) on which its decision is checked, teacher-forced (searchr1.trainer.warmstart_check); 0 = no check."""
+    check_every: int = 10
+    """Optimizer steps between checks on the held-out slice (also at the end); the adapter of the best check is kept."""
+    stop_at: float = 1.0
+    """Stop the warm start once the held-out decision accuracy reaches this (1.0 = run every pass)."""
     out_dir: str = ""
     """Folder of the warm start (checkpoint, model/, warmstart.json); empty = <trainer.out_dir>/warmstart."""
 
@@ -340,7 +346,11 @@ class WarmStartConfig:
         for key in ("batch_size", "micro_batch_size"):
             if getattr(self, key) < 1:
                 raise ValueError(f"warmstart.{key} must be >= 1, got {getattr(self, key)}")
-        for key in ("warmup_steps", "max_examples", "save_every"):
+        if not 0.5 < self.stop_at <= 1.0:
+            raise ValueError(f"warmstart.stop_at must be in (0.5, 1], got {self.stop_at}")
+        if self.check_every < 1:
+            raise ValueError(f"warmstart.check_every must be >= 1, got {self.check_every}")
+        for key in ("warmup_steps", "max_examples", "save_every", "holdout"):
             if getattr(self, key) < 0:
                 raise ValueError(f"warmstart.{key} must be >= 0, got {getattr(self, key)}")
         if self.enabled and root is not None and getattr(getattr(root, "model", None), "lora_r", 0) <= 0:

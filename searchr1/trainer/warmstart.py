@@ -51,6 +51,7 @@ from searchr1.trainer.distributed import resolve_device
 from searchr1.trainer.experience import build_experience, micro_batches
 from searchr1.trainer.policy import PolicyLogprobs
 from searchr1.trainer.tracking import ProgressBar
+from searchr1.trainer.warmstart_check import DecisionCheck, holdout_split
 
 STATE_FILE = "state.pt"
 SUMMARY_FILE = "warmstart.json"
@@ -138,6 +139,8 @@ def _fingerprint(cfg: Any, n: int) -> str:
     w, m = cfg.warmstart, cfg.model
     keys = [m.path, m.lora_r, m.lora_alpha, sorted(m.lora_targets), w.epochs, w.lr, w.warmup_steps,
             w.batch_size, w.max_examples, cfg.seed, cfg.data.template, n]  # fmt: skip
+    if w.holdout:  # an older warm start (no held-out slice) keeps its fingerprint
+        keys += [w.holdout, w.check_every, w.stop_at]
     return hashlib.sha256(json.dumps(keys, default=str).encode()).hexdigest()[:16]
 
 
@@ -159,8 +162,14 @@ class WarmStart:
         out_dir: Path,
         device: torch.device | None = None,
         log: Callable[[str], None] = lambda line: print(line, file=sys.stderr),
+        check: DecisionCheck | None = None,
     ) -> None:
         self.cfg = cfg
+        self.check = check
+        """The held-out decision check (None: none); ``checks`` holds its results by step."""
+        self.checks: list[dict[str, Any]] = []
+        self.best: dict[str, Any] | None = None
+        """The best check so far: ``{"step", "decision_accuracy", "adapter"}`` (the adapter's tensors)."""
         self.wcfg = cfg.warmstart
         self.policy = policy
         self.tokenizer = tokenizer
@@ -193,6 +202,8 @@ class WarmStart:
             "adapter": {n: p.detach().clone() for n, p in zip(names, self.params, strict=True)},
             "optimizer": self.optimizer.state_dict(),
             "rng": torch.get_rng_state(),
+            "checks": list(self.checks),
+            "best": self.best,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -209,6 +220,8 @@ class WarmStart:
         torch.set_rng_state(state["rng"])
         self.step = int(state["step"])
         self.losses = [float(x) for x in state["losses"]]
+        self.checks = list(state.get("checks", []))
+        self.best = state.get("best")
 
     def train_step(self, rows: list[int]) -> float:
         """One optimizer step on the examples ``rows``; returns the step's loss."""
@@ -244,21 +257,70 @@ class WarmStart:
         self.losses.append(loss_sum)
         return loss_sum
 
+    @property
+    def stopped(self) -> bool:
+        """The held-out check reached ``warmstart.stop_at``: the stage is done before its last step."""
+        return bool(self.checks) and (self.checks[-1].get("decision_accuracy") or 0.0) >= self.wcfg.stop_at
+
+    @property
+    def done(self) -> bool:
+        return self.step >= len(self.steps) or self.stopped
+
+    def run_check(self) -> dict[str, Any]:
+        """Check the policy on the held-out slice now; the adapter is kept when it is the best so far (a
+        strictly higher decision accuracy: a tie keeps the earlier step)."""
+        assert self.check is not None
+        t0 = time.perf_counter()
+        result = {"step": self.step, **self.check.measure(self.policy, self.device)}
+        result["seconds"] = time.perf_counter() - t0
+        self.checks.append(result)
+        accuracy = result["decision_accuracy"]
+        if accuracy is not None and (self.best is None or accuracy > self.best["decision_accuracy"]):
+            names = [n for n, p in self.policy.named_parameters() if p.requires_grad]
+            adapter = {n: p.detach().clone() for n, p in zip(names, self.params, strict=True)}
+            self.best = {"step": self.step, "decision_accuracy": accuracy, "adapter": adapter}
+        return result
+
+    def restore_best(self) -> int | None:
+        """Put the adapter of the best check back into the policy; returns its step (None: no check)."""
+        if self.best is None:
+            return None
+        named = dict(self.policy.named_parameters())
+        with torch.no_grad():
+            for name, value in self.best["adapter"].items():
+                named[name].copy_(value)
+        return int(self.best["step"])
+
     def run(self, progress: bool = True, stop_after: int | None = None) -> None:
         """Train from the current step to the end (``stop_after``: that many steps at most, for tests of
-        an interrupted stage), checkpointing every ``warmstart.save_every`` steps and at the end."""
+        an interrupted stage), checkpointing every ``warmstart.save_every`` steps and at the end; with a
+        held-out check, checking every ``warmstart.check_every`` steps and at the end, and stopping once the
+        check reaches ``warmstart.stop_at``."""
         self.out_dir.mkdir(parents=True, exist_ok=True)
         bar = ProgressBar(len(self.steps), initial=self.step, enabled=progress, label="warm start")
+        if self.check is not None and not self.checks:  # the starting policy, as step 0
+            self._log_check(self.run_check())
         done = 0
-        while self.step < len(self.steps):
+        while not self.done:
             if stop_after is not None and done >= stop_after:
                 return
             loss = self.train_step(self.steps[self.step])
             done += 1
             bar.update({"warmstart/loss": loss})
+            last = self.step == len(self.steps)
+            if self.check is not None and (self.step % self.wcfg.check_every == 0 or last):
+                self._log_check(self.run_check())
             every = self.wcfg.save_every
-            if (every and self.step % every == 0) or self.step == len(self.steps):
+            if (every and self.step % every == 0) or self.done:
                 _save_state(self.out_dir / STATE_FILE, self.state_dict())
+
+    def _log_check(self, check: dict[str, Any]) -> None:
+        s, a = check["search_side"], check["answer_side"]
+        fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+        self.log(
+            f"warm start: step {check['step']}: held-out decision accuracy {fmt(check['decision_accuracy'])} "
+            f"(search side {fmt(s['p'])} over {s['questions']}, answer side {fmt(a['p'])} over {a['questions']})"
+        )
 
     def resume(self) -> bool:
         """Load the folder's checkpoint if there is one; True if it was loaded."""
@@ -278,10 +340,17 @@ class WarmStart:
 
 def summary_of(stage: WarmStart, seconds: float) -> dict[str, Any]:
     ex = stage.examples
+    best = stage.best
     return {
-        "done": stage.step >= len(stage.steps),
+        "done": stage.done,
         "fingerprint": stage.fingerprint,
         "steps": stage.step,
+        "planned_steps": len(stage.steps),
+        "stopped_early": stage.stopped and stage.step < len(stage.steps),
+        "checks": stage.checks,
+        "kept_step": None if best is None else best["step"],
+        "kept_decision_accuracy": None if best is None else best["decision_accuracy"],
+        "holdout": len(stage.check.items) if stage.check is not None else 0,
         "examples": len(ex.trajectories),
         "examples_by_kind": {k: ex.kinds.count(k) for k in sorted(set(ex.kinds))},
         "skipped_rows": len(ex.skipped),
@@ -327,6 +396,12 @@ def run_warm_start(
         retriever = components._retriever(cfg, corpus)
     template = resolve_template(cfg.data.template, tokenizer)
     writer = GoldWriter(tokenizer, cfg.rollout, retriever, cfg.retrieval.topk)
+    check = None
+    if cfg.warmstart.holdout:
+        held, trained = holdout_split(train_samples, cfg.warmstart.holdout, cfg.seed)
+        check = DecisionCheck.build([train_samples[i] for i in held], tokenizer, template, writer)
+        train_samples = [train_samples[i] for i in trained]
+        log(f"warm start: {len(held)} training questions held out to check the decision ({check.sides})")
     examples = gold_examples(train_samples, tokenizer, template, writer, cfg.warmstart.max_examples)
     if examples.skipped:
         shown = ", ".join(map(str, examples.skipped[:5])) + (" ..." if len(examples.skipped) > 5 else "")
@@ -342,9 +417,13 @@ def run_warm_start(
     policy = components._apply_lora(model, cfg.model, resume_from=None)
     device = resolve_device(cfg.trainer.device)
     policy.to(device)
-    stage = WarmStart(cfg, policy, tokenizer, examples, out, device=device, log=log)
+    stage = WarmStart(cfg, policy, tokenizer, examples, out, device=device, log=log, check=check)
     stage.resume()
     stage.run(progress=progress)
+    kept = stage.restore_best()
+    if kept is not None:
+        log(f"warm start: the adapter of step {kept} is kept (held-out decision accuracy "
+            f"{stage.best['decision_accuracy']:.3f})")  # fmt: skip
     components.save_policy(policy, tokenizer, out / "checkpoint", lora=True)
     final = out / MODEL_DIR
     if final.exists():

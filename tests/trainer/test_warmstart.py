@@ -256,3 +256,121 @@ def test_hotpotqa_rows_give_gold_trajectories_through_their_supporting_titles(to
     assert ex.kinds == ["multi-hop"] and traj.queries == ["Quillon Press", "Alice Verdan"]
     assert [d[0]["title"] for d in traj.documents] == ["Quillon Press", "Alice Verdan"]
     assert tokenizer.decode(traj.response_ids).rstrip().endswith("<answer> Borvik </answer>")
+
+
+# --- the held-out decision check (searchr1.trainer.warmstart_check) -------------------------------------
+
+
+def _kind_rows(n_single: int, n_multi: int) -> list[dict]:
+    rows = []
+    for i in range(n_single):
+        rows.append({**SINGLE, "id": f"s{i}"})
+    for i in range(n_multi):
+        rows.append({**rlworld.BRIDGE, "id": f"m{i}"})
+    rows.append({"id": "plain", "question": "x", "golden_answers": ["y"], "metadata": {}})  # no gold path
+    return rows
+
+
+def test_the_held_out_slice_is_balanced_seeded_and_never_trained():
+    from searchr1.data.formats import sample_kind
+    from searchr1.trainer.warmstart_check import holdout_split
+
+    rows = _kind_rows(30, 10)
+    held, trained = holdout_split(rows, 8, seed=3)
+    assert len(held) == 8 and not set(held) & set(trained) and sorted(held + trained) == list(range(len(rows)))
+    assert sorted(sample_kind(rows[i]) for i in held) == ["multi-hop"] * 4 + ["single-hop"] * 4
+    assert len(rows) - 1 in trained  # a row without a gold path is never held out
+    assert holdout_split(rows, 8, seed=3) == (held, trained) and holdout_split(rows, 8, seed=4)[0] != held
+    few = _kind_rows(10, 2)
+    held, _ = holdout_split(few, 8, seed=0)
+    assert sum(sample_kind(few[i]) == "multi-hop" for i in held) == 2 and len(held) == 8  # the rest: single-hop
+    assert holdout_split(rows, 0, seed=0) == ([], list(range(len(rows))))
+    with pytest.raises(ValueError, match=r"warmstart\.holdout=40"):
+        holdout_split(rows, 40, seed=0)
+
+
+def _check(world, tokenizer, bm25, tiny_model_dir, tmp_path):
+    from searchr1.trainer.warmstart_check import DecisionCheck
+
+    cfg = config(world, tiny_model_dir, tmp_path)
+    writer = GoldWriter(tokenizer, cfg.rollout, bm25, 1)
+    return DecisionCheck.build([rlworld.BRIDGE, SINGLE], tokenizer, str(world["template"]), writer, batch_size=3)
+
+
+def test_the_decision_check_scores_both_candidates_as_one_unpadded_pass_does(
+    world, tokenizer, bm25, tiny_model_dir, tmp_path
+):
+    from searchr1.models import load_model
+    from searchr1.trainer.warmstart_check import ANSWER_CONTINUATION, SEARCH_CONTINUATION
+
+    check = _check(world, tokenizer, bm25, tiny_model_dir, tmp_path)
+    assert [it.side for it in check.items] == ["search", "answer"]
+    # the search side's context ends with the sentence that names the next title, after the first passage
+    assert tokenizer.decode(check.items[0].context).rstrip().endswith("Alice Verdan.")
+    assert check.items[0].search_ids == tokenizer.encode(SEARCH_CONTINUATION, add_special_tokens=False)
+    assert check.items[1].answer_ids == tokenizer.encode(ANSWER_CONTINUATION, add_special_tokens=False)
+    model = load_model(tiny_model_dir).eval()
+
+    def alone(ctx, cand):
+        with torch.no_grad():
+            logp = torch.log_softmax(model(input_ids=torch.tensor([ctx + cand])).logits[0].float(), -1)
+        return sum(float(logp[len(ctx) - 1 + j, c]) for j, c in enumerate(cand))
+
+    pairs = check.continuation_logprobs(model, torch.device("cpu"))  # 4 rows in batches of 3: padding
+    for item, (log_s, log_a) in zip(check.items, pairs, strict=True):
+        assert log_s == pytest.approx(alone(item.context, item.search_ids), abs=1e-4)
+        assert log_a == pytest.approx(alone(item.context, item.answer_ids), abs=1e-4)
+    result = check.measure(model, torch.device("cpu"))
+    p_search = [float(torch.sigmoid(torch.tensor(s - a))) for s, a in pairs]
+    assert result["search_side"]["p"] == pytest.approx(p_search[0])
+    assert result["answer_side"]["p"] == pytest.approx(1 - p_search[1])
+    assert result["decision_accuracy"] == pytest.approx((p_search[0] + 1 - p_search[1]) / 2)
+
+
+class _ScriptedCheck:
+    """A check whose decision accuracy follows a script (the adapter it sees is recorded per call)."""
+
+    def __init__(self, accuracies):
+        self.accuracies = list(accuracies)
+        self.items = []
+        self.seen = []
+
+    def measure(self, policy, device):
+        self.seen.append({n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad})
+        acc = self.accuracies[len(self.seen) - 1]
+        side = {"questions": 1, "p": acc, "right_share": float(acc > 0.5)}
+        return {"decision_accuracy": acc, "search_side": side, "answer_side": side}
+
+
+def test_the_warm_start_keeps_its_best_check_not_its_last_and_stops_at_stop_at(
+    world, tokenizer, bm25, tiny_model_dir, tmp_path
+):
+    cfg = config(world, tiny_model_dir, tmp_path, warmstart__holdout=2, warmstart__check_every=2)
+    stage = _stage(cfg, tiny_model_dir, tokenizer, bm25, world, tmp_path / "best")
+    stage.check = check = _ScriptedCheck([0.5, 0.9, 0.6, 0.7])  # steps 0, 2, 4, 6
+    stage.run(progress=False)
+    assert [c["step"] for c in stage.checks] == [0, 2, 4, 6] and stage.step == 6
+    last = _adapter(stage)
+    assert stage.restore_best() == 2
+    kept = _adapter(stage)
+    assert all(torch.equal(kept[k], check.seen[1][k]) for k in kept)  # step 2's adapter, not the last one
+    assert not all(torch.equal(kept[k], last[k]) for k in kept)
+    stopping = _stage(config(world, tiny_model_dir, tmp_path, warmstart__holdout=2, warmstart__check_every=2,
+                             warmstart__stop_at=0.85), tiny_model_dir, tokenizer, bm25, world, tmp_path / "stop")  # fmt: skip
+    stopping.check = _ScriptedCheck([0.5, 0.9, 0.6, 0.7])
+    stopping.run(progress=False)
+    assert stopping.step == 2 and stopping.done and stopping.stopped
+
+
+def test_a_resumed_warm_start_keeps_the_best_of_before_the_kill(world, tokenizer, bm25, tiny_model_dir, tmp_path):
+    cfg = config(world, tiny_model_dir, tmp_path, warmstart__holdout=2, warmstart__check_every=2)
+    killed = _stage(cfg, tiny_model_dir, tokenizer, bm25, world, tmp_path / "ws")
+    killed.check = before = _ScriptedCheck([0.5, 0.95, 0.6, 0.7])
+    killed.run(progress=False, stop_after=3)
+    resumed = _stage(cfg, tiny_model_dir, tokenizer, bm25, world, tmp_path / "ws")
+    resumed.check = _ScriptedCheck([0.6, 0.7])  # steps 4 and 6
+    assert resumed.resume() and [c["step"] for c in resumed.checks] == [0, 2]
+    resumed.run(progress=False)
+    assert [c["step"] for c in resumed.checks] == [0, 2, 4, 6] and resumed.restore_best() == 2
+    kept = _adapter(resumed)
+    assert all(torch.equal(kept[k], before.seen[1][k]) for k in kept)

@@ -1,0 +1,181 @@
+"""The warm start's own check: does the policy take the decision on training questions it was not trained on?
+
+A slice of the training split is held out of the warm start (``holdout_split``: balanced by kind, seeded,
+never among the trained rows). Every ``warmstart.check_every`` optimizer steps the policy is scored on it,
+teacher-forced, on both sides of the decision that follows the first gold passage:
+
+* the search side (gold path of two searches or more): the gold next turn opens ``<think> {the sentence
+  that names the next title}`` and goes on `` I should search ...``;
+* the answer side (one search, its passage holds the answer): ``<think> {the sentence that holds the
+  answer}`` goes on `` </think>\\n<answer>``.
+
+With ``x`` the prompt, the first gold search turn, its real observation and the next turn's opening
+(``<think>`` and its evidence sentence), ``S`` = `` I should search`` and ``A`` = `` </think>\\n<answer>``:
+
+    log P(C | x) = sum_j log pi(C_j | x, C_<j)            C in {S, A}, the policy's own numbers, temperature 1
+    p            = P(right | x) / (P(S | x) + P(A | x))   right = S on the search side, A on the answer side
+    decision_accuracy = (mean p over the search side + mean p over the answer side) / 2
+
+It is the two-sided decision probe of ``searchr1.evaluation.probe`` without the greedy decoding: one
+forward pass per candidate, so it costs seconds and can run during training. ``right_share`` is the share
+of questions whose right candidate is the likelier one. The warm start keeps the adapter of its best
+check (``WarmStart``) and stops once ``warmstart.stop_at`` is reached.
+
+    held, train = holdout_split(samples, 32, seed)
+    check = DecisionCheck.build([samples[i] for i in held], tokenizer, template, writer)
+    check.measure(policy, device)["decision_accuracy"]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from searchr1.data.formats import sample_kind, sample_prompt
+from searchr1.data.prompts import ANSWER_OPEN, THINK_CLOSE, THINK_OPEN
+from searchr1.rollout.gold import (
+    ANSWER_SIDE,
+    SEARCH_SIDE,
+    GoldWriter,
+    decision_side,
+    gold_path,
+    sentence_naming,
+)
+
+SEARCH_CONTINUATION = " I should search"
+ANSWER_CONTINUATION = f" {THINK_CLOSE}\n{ANSWER_OPEN}"
+
+
+def holdout_split(samples: Sequence[Any], n: int, seed: int) -> tuple[list[int], list[int]]:
+    """``(held, trained)`` row indices: ``n`` rows with a gold path held out, half of them multi-hop and half
+    single-hop where both kinds have enough (the rest from the other kind), in a seeded order; every other
+    row is trained. ``held`` and ``trained`` never overlap and together are every row."""
+    if n <= 0:
+        return [], list(range(len(samples)))
+    gen = torch.Generator().manual_seed(int(seed) * 7_919 + 17)
+    order = torch.randperm(len(samples), generator=gen).tolist()
+    by_kind: dict[str, list[int]] = {}
+    for i in order:
+        if gold_path(samples[i]) is not None:
+            by_kind.setdefault(sample_kind(samples[i]), []).append(i)
+    kinds = sorted(by_kind)
+    if sum(len(v) for v in by_kind.values()) <= n:
+        raise ValueError(
+            f"warmstart.holdout={n}: only {sum(len(v) for v in by_kind.values())} training rows have a gold "
+            "path; hold out fewer so that some are left to train on"
+        )
+    held: list[int] = []
+    share = n // max(1, len(kinds))
+    for kind in kinds:
+        held.extend(by_kind[kind][:share])
+    rest = [i for kind in kinds for i in by_kind[kind][share:]]
+    held.extend(rest[: n - len(held)])
+    held_set = set(held)
+    return sorted(held), [i for i in range(len(samples)) if i not in held_set]
+
+
+@dataclass
+class CheckItem:
+    """One held-out question: its context ids, its side and the ids of the two candidates."""
+
+    side: str
+    context: list[int]
+    search_ids: list[int]
+    answer_ids: list[int]
+
+
+class DecisionCheck:
+    """The teacher-forced two-sided decision check over held-out questions (see the module docstring)."""
+
+    def __init__(self, items: list[CheckItem], pad_id: int, batch_size: int = 8) -> None:
+        self.items = items
+        self.pad_id = pad_id
+        self.batch_size = batch_size
+
+    @classmethod
+    def build(
+        cls, samples: Sequence[Any], tokenizer: Any, template: str, writer: GoldWriter, batch_size: int = 8
+    ) -> DecisionCheck:
+        """The items of ``samples`` (a question on neither side is left out, as in the probe)."""
+        items = []
+        search_ids = writer.encode(SEARCH_CONTINUATION)
+        answer_ids = writer.encode(ANSWER_CONTINUATION)
+        for sample in samples:
+            path = gold_path(sample)
+            if path is None:
+                continue
+            first = writer.prefix(path)
+            side = decision_side(path, first.documents)
+            if side is None:
+                continue
+            phrase = path.queries[1] if side == SEARCH_SIDE else path.answer
+            evidence = sentence_naming(first.documents, phrase)
+            opening = f"{THINK_OPEN} {evidence}" if evidence else THINK_OPEN
+            prompt = tokenizer(sample_prompt(sample, template, tokenizer), add_special_tokens=False)["input_ids"]
+            context = [*prompt, *first.turn_ids, *first.obs_ids, *writer.encode(opening)]
+            items.append(CheckItem(side, context, list(search_ids), list(answer_ids)))
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        return cls(items, int(pad or 0), batch_size)
+
+    @property
+    def sides(self) -> dict[str, int]:
+        return {side: sum(it.side == side for it in self.items) for side in (SEARCH_SIDE, ANSWER_SIDE)}
+
+    @torch.no_grad()
+    def continuation_logprobs(self, model: Any, device: torch.device) -> list[tuple[float, float]]:
+        """``(log P(S | x), log P(A | x))`` per item, in batches of right-padded rows (one row per candidate)."""
+        rows = [(k, it.context, cand) for k, it in enumerate(self.items) for cand in (it.search_ids, it.answer_ids)]
+        out = [0.0] * len(rows)
+        for start in range(0, len(rows), self.batch_size):
+            chunk = rows[start : start + self.batch_size]
+            width = max(len(ctx) + len(cand) for _, ctx, cand in chunk)
+            ids = torch.full((len(chunk), width), self.pad_id, dtype=torch.long)
+            mask = torch.zeros((len(chunk), width), dtype=torch.long)
+            for r, (_, ctx, cand) in enumerate(chunk):
+                seq = [*ctx, *cand]
+                ids[r, : len(seq)] = torch.tensor(seq)
+                mask[r, : len(seq)] = 1
+            logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float()
+            logp = torch.log_softmax(logits, dim=-1)
+            for r, (_, ctx, cand) in enumerate(chunk):
+                # the logits at position t predict token t + 1
+                positions = torch.arange(len(ctx) - 1, len(ctx) - 1 + len(cand), device=logp.device)
+                targets = torch.tensor(cand, device=logp.device)
+                out[start + r] = float(logp[r, positions, targets].sum())
+        return [(out[2 * k], out[2 * k + 1]) for k in range(len(self.items))]
+
+    def measure(self, model: Any, device: torch.device) -> dict[str, Any]:
+        """``decision_accuracy`` and, per side, ``p`` (the mean probability of the right candidate against
+        the wrong one), ``right_share`` and ``questions``; None where a side has no question."""
+        was_training = model.training
+        model.eval()
+        try:
+            pairs = self.continuation_logprobs(model, device)
+        finally:
+            model.train(was_training)
+        sides: dict[str, dict[str, Any]] = {}
+        for side in (SEARCH_SIDE, ANSWER_SIDE):
+            ps = []
+            for item, (log_s, log_a) in zip(self.items, pairs, strict=True):
+                if item.side != side:
+                    continue
+                p_search = float(torch.sigmoid(torch.tensor(log_s - log_a)))
+                ps.append(p_search if side == SEARCH_SIDE else 1.0 - p_search)
+            n = len(ps)
+            sides[side] = {
+                "questions": n,
+                "p": sum(ps) / n if n else None,
+                "right_share": sum(p > 0.5 for p in ps) / n if n else None,
+            }
+        s, a = sides[SEARCH_SIDE]["p"], sides[ANSWER_SIDE]["p"]
+        return {
+            "decision_accuracy": (s + a) / 2 if s is not None and a is not None else None,
+            "search_side": sides[SEARCH_SIDE],
+            "answer_side": sides[ANSWER_SIDE],
+        }
+
+
+__all__ = ["ANSWER_CONTINUATION", "SEARCH_CONTINUATION", "CheckItem", "DecisionCheck", "holdout_split"]

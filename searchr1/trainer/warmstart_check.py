@@ -126,25 +126,32 @@ class DecisionCheck:
 
     @torch.no_grad()
     def continuation_logprobs(self, model: Any, device: torch.device) -> list[tuple[float, float]]:
-        """``(log P(S | x), log P(A | x))`` per item, in batches of right-padded rows (one row per candidate)."""
-        rows = [(k, it.context, cand) for k, it in enumerate(self.items) for cand in (it.search_ids, it.answer_ids)]
+        """``(log P(S | x), log P(A | x))`` per item, in batches of left-padded rows (one row per candidate),
+        the vocabulary projection only over the last positions, where the candidates are."""
+        rows = [(it.context, cand) for it in self.items for cand in (it.search_ids, it.answer_ids)]
         out = [0.0] * len(rows)
         for start in range(0, len(rows), self.batch_size):
             chunk = rows[start : start + self.batch_size]
-            width = max(len(ctx) + len(cand) for _, ctx, cand in chunk)
+            width = max(len(ctx) + len(cand) for ctx, cand in chunk)
+            keep = max(len(cand) for _, cand in chunk) + 1
             ids = torch.full((len(chunk), width), self.pad_id, dtype=torch.long)
             mask = torch.zeros((len(chunk), width), dtype=torch.long)
-            for r, (_, ctx, cand) in enumerate(chunk):
+            for r, (ctx, cand) in enumerate(chunk):
                 seq = [*ctx, *cand]
-                ids[r, : len(seq)] = torch.tensor(seq)
-                mask[r, : len(seq)] = 1
-            logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float()
-            logp = torch.log_softmax(logits, dim=-1)
-            for r, (_, ctx, cand) in enumerate(chunk):
-                # the logits at position t predict token t + 1
-                positions = torch.arange(len(ctx) - 1, len(ctx) - 1 + len(cand), device=logp.device)
-                targets = torch.tensor(cand, device=logp.device)
-                out[start + r] = float(logp[r, positions, targets].sum())
+                ids[r, width - len(seq) :] = torch.tensor(seq)
+                mask[r, width - len(seq) :] = 1
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            logits = model(
+                input_ids=ids.to(device),
+                attention_mask=mask.to(device),
+                position_ids=positions.to(device),
+                logits_to_keep=keep,
+            ).logits.float()
+            logp = torch.log_softmax(logits, dim=-1)  # [rows, keep, V]: position j predicts width - keep + j + 1
+            for r, (_, cand) in enumerate(chunk):
+                first = keep - 1 - len(cand)  # the position that predicts the candidate's first token
+                at = torch.arange(first, first + len(cand), device=logp.device)
+                out[start + r] = float(logp[r, at, torch.tensor(cand, device=logp.device)].sum())
         return [(out[2 * k], out[2 * k + 1]) for k in range(len(self.items))]
 
     def measure(self, model: Any, device: torch.device) -> dict[str, Any]:

@@ -21,12 +21,19 @@ Face folder with the adapter merged, from which RL starts (``model.path``) with 
     result = run_warm_start(cfg)                 # cfg.warmstart.epochs > 0; idempotent
     cfg.model.path = str(result.model_dir)       # what `searchr1 train` does before RL
 
+With ``warmstart.holdout`` > 0 a slice of the training questions is held out (never trained) and the
+decision after the first gold passage is checked on it, teacher-forced, every ``warmstart.check_every``
+steps (``searchr1.trainer.warmstart_check``); the adapter of the best check is the one saved, and the stage
+stops once the check reaches ``warmstart.stop_at``. The folder also gets the run's ``config.yaml``, so that
+``eval`` and ``ask`` give ``<out>/model`` the settings it was trained with.
+
 A row without a gold path (``GOLD_PATH_KEYS``) is skipped and counted, the first ones named by number; data
 where no row has one is refused (``WarmStartError``) before any model loads.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -39,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
 from searchr1.data.formats import load_samples, sample_kind, sample_meta, sample_prompt
 from searchr1.data.prompts import resolve_template
@@ -419,6 +427,8 @@ def run_warm_start(
     policy.to(device)
     stage = WarmStart(cfg, policy, tokenizer, examples, out, device=device, log=log, check=check)
     stage.resume()
+    out.mkdir(parents=True, exist_ok=True)  # eval and ask read the policy's settings from it (<model>/../)
+    (out / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
     stage.run(progress=progress)
     kept = stage.restore_best()
     if kept is not None:

@@ -215,6 +215,11 @@ def test_run_warm_start_writes_a_model_that_train_starts_from(world, tiny_model_
     )
     saved = load_config(out / "config.yaml", [])
     assert Path(saved.model.path) == out / "warmstart" / "model"  # RL started from the warm start's policy
+    from searchr1.data.trained_settings import find_trained_settings
+
+    trained = find_trained_settings(out / "warmstart" / "model")  # eval / ask of the warm start alone
+    assert trained is not None and trained.source == out / "warmstart" / "config.yaml"
+    assert trained.values["rollout.max_response_tokens"] == 120
     from safetensors.torch import load_file
 
     warm = load_file(str(out / "warmstart" / "model" / "model.safetensors"))

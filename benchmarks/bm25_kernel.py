@@ -7,10 +7,13 @@ revision first on PYTHONPATH; the rows are appended to one JSON file:
     PYTHONPATH=.        nice -n 19 python benchmarks/bm25_kernel.py --n 100000 --label new --out rows.json
 
 Per row: build wall and CPU seconds (``index build``'s code in this process), the ``bm25`` folder's and
-the passage store's bytes, and in-process search of the bench's NQ-style queries at batch 128, top 3:
-CPU seconds a query (one thread: robust to other work on the machine) and wall queries/s on 1 and N
-threads (meaningful only on quiet cores), with the load average before and after. Only public APIs
-are used, so an earlier revision runs it unchanged (threads where it has them).
+the passage store's bytes, the decode speed of the longest posting lists (``decode_rate``: CPU
+nanoseconds a posting, rows and term frequencies), and in-process search of the bench's NQ-style
+queries at batch 128, top 3: CPU seconds a query (one thread: robust to other work on the machine)
+and wall queries/s on 1 and N threads (meaningful only on quiet cores), with the load average before
+and after. Only public APIs (and ``postings.column``, which every revision with blocks has) are used,
+so an earlier revision runs it unchanged (threads where it has them). ``benchmarks/bm25_profile.py``
+alternates two revisions in one run and adds the per-class query profile.
 """
 
 from __future__ import annotations
@@ -22,12 +25,32 @@ import os
 import time
 from pathlib import Path
 
+import numpy as np
+
 from searchr1.bench.retrieval_scale import WikiLikeCorpus, write_corpus_file
 from searchr1.retrieval.index import build_index, load_index
 
 
 def _bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def decode_rate(r, columns: int = 8, repeats: int = 5) -> dict:
+    """CPU nanoseconds a posting to decode the ``columns`` longest posting lists of ``r`` whole
+    (``postings.column``: every block of the list, rows and stored values), the fastest of
+    ``repeats`` passes after one untimed list."""
+    df = np.diff(np.asarray(r.postings.indptr))
+    longest = np.argsort(-df, kind="stable")[:columns]
+    r.postings.column(int(longest[0]))  # compiled code, page cache
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.thread_time()
+        for c in longest:
+            r.postings.column(int(c))
+        best = min(best, time.thread_time() - t)
+    postings = int(df[longest].sum())
+    return {"decode_columns": len(longest), "decode_postings": postings, "longest_df": int(df[longest[0]]),
+            "decode_ns_per_posting": best / postings * 1e9}  # fmt: skip
 
 
 def _search(r, queries: list[str], batch: int = 128) -> tuple[float, float, list[list[str]]]:
@@ -68,6 +91,8 @@ def main() -> None:
     queries = gen.queries(docs, args.queries, seed=args.seed + 1)
     del docs
     r = load_index(index)
+    if hasattr(r, "postings"):
+        row.update(decode_rate(r))
     row["cpu_ms_per_query_1t"], row["qps_1t"], ids = _search(r, queries)
     if hasattr(r, "set_threads"):
         r.set_threads(args.threads)

@@ -46,6 +46,7 @@ import numpy as np
 
 from searchr1.bench import BenchResult, format_table
 from searchr1.bench._workload import free_port, sample_corpus, start_server
+from searchr1.retrieval.bm25.files import POSTINGS_FILE
 from searchr1.retrieval.corpus import Document, read_corpus
 from searchr1.retrieval.dense import Encoder, set_search_params
 from searchr1.retrieval.dense_build import DenseIndexSpec, build_from_vectors, read_index
@@ -767,7 +768,7 @@ def kill_and_resume_bm25(corpus: Path, whole: Path, workdir: Path, threads: int,
     with log.open("ab") as err:
         proc = subprocess.Popen([sys.executable, "-c", KILLED_WORKER, json.dumps(task)], env=thread_env(threads),
                                 stdout=subprocess.DEVNULL, stderr=err)  # fmt: skip
-    data = out / "bm25" / "postings.u8.npy"
+    data = out / "bm25" / POSTINGS_FILE
     while proc.poll() is None:
         state = out / ".build" / "state.json"
         try:

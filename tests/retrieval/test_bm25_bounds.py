@@ -16,6 +16,7 @@ import pytest
 
 from searchr1.retrieval.bm25 import BM25Params, BM25Retriever
 from searchr1.retrieval.bm25 import build as bm25_build
+from searchr1.retrieval.bm25.files import POSTINGS_FILE
 from searchr1.retrieval.checkpoint import read_state
 from searchr1.retrieval.corpus import Document, write_corpus
 from searchr1.retrieval.index import IndexLoadError, build_index, load_index
@@ -125,7 +126,7 @@ def test_a_build_killed_during_the_merge_resumes_to_the_same_bytes(tmp_path):
     assert done.returncode == -9, done.stderr.decode()[-2000:]
     state = read_state(tmp_path / "cut")
     assert state.phase == "index" and state.passages == 250  # killed while merging, not reading
-    assert (tmp_path / "cut" / "bm25" / "postings.u8.npy").is_file()  # a part of the index written
+    assert (tmp_path / "cut" / "bm25" / POSTINGS_FILE).is_file()  # a part of the index written
     with pytest.raises(IndexLoadError, match="unfinished build"):
         load_index(tmp_path / "cut")
     m = build_index(corpus, tmp_path / "cut", chunk_passages=40, memory_mb=0.005, show_progress=False, resume=True)

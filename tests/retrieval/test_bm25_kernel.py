@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from searchr1.retrieval.bm25 import BM25Retriever
+from searchr1.retrieval.bm25.blocks import RAW, SCORE, TF
 from searchr1.retrieval.bm25.errors import DamagedIndex
 from searchr1.retrieval.bm25.files import POSTINGS_FILE
-from searchr1.retrieval.bm25.kernel import RAW, SCORE, TF
 from searchr1.retrieval.bm25.postings import BLOCK, Postings, encode_postings
 from searchr1.retrieval.bm25.retriever import _best
 from searchr1.retrieval.bm25.store import DocStore
@@ -202,7 +202,7 @@ def _built(tmp_path, docs=None, **bm25) -> tuple:
 def test_a_built_index_searches_as_the_in_memory_one_on_any_threads(tmp_path, preset):
     docs, idx = _built(tmp_path, preset=preset)
     meta = json.loads((idx / "bm25" / "params.index.json").read_text())
-    assert meta["format"] == 2 and meta["layout"] == ("tf" if preset == "pyserini" else "score")
+    assert meta["format"] == 3 and meta["layout"] == ("tf" if preset == "pyserini" else "score")
     in_memory = BM25Retriever.from_documents(docs, preset=preset)
     queries = _queries(docs, 100, 12)
     for threads in (1, 3):

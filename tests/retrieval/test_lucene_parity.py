@@ -98,6 +98,28 @@ def test_ties_repeated_terms_and_passages_without_terms_rank_as_in_lucene(tmp_pa
             assert [h.score for h in hits] == pytest.approx(q["scores"], abs=2e-6), q["query"]
 
 
+def test_odd_queries_give_lucenes_answers_without_error(tmp_path):
+    """Lucene's analyzer drops stop words and a term absent from the index matches nothing, so a query
+    of stop words only, an empty one and an absent term find no passage, and a fixture query padded to
+    10,000 tokens with stop words, or with absent terms around it, finds exactly Lucene's hits with
+    Lucene's scores -- in memory and from a built index."""
+    fixture, docs = _ties_fixture()
+    rankings, k = fixture["rankings"], fixture["k"]
+    write_corpus(docs, tmp_path / "c.jsonl")
+    build_index(tmp_path / "c.jsonl", tmp_path / "idx", chunk_passages=64, show_progress=False)
+    stop = ["the", "of", "and", "a", "to", "in", "is", "with"]
+    for r in (BM25Retriever.from_documents(docs), load_index(tmp_path / "idx")):
+        assert r.search(["", "   ", "the of and is", "zzqqabsentx", "zzqqabsentx the"], k) == [[], [], [], [], []]
+        for q in rankings:
+            words = q["query"].split()
+            long = " ".join(words + [stop[i % len(stop)] for i in range(10_000 - len(words))])
+            absent = f"zzqqabsentx {q['query']} qqzzmissingx"
+            assert len(long.split()) == 10_000
+            for hits in r.search([long, absent], k):
+                assert [h.id for h in hits] == q["ids"], q["query"]
+                assert [h.score for h in hits] == pytest.approx(q["scores"], abs=2e-6), q["query"]
+
+
 def test_the_controls_fail_where_parity_would():
     """Each setting the parity rests on, changed alone, breaks the agreement with Lucene: the
     fixtures can tell a divergence (a control that passed whatever the rankings were would not)."""

@@ -17,6 +17,7 @@ from searchr1.retrieval.bm25 import BM25Params, BM25Retriever, hash_terms
 from searchr1.retrieval.bm25 import build as bm25_build
 from searchr1.retrieval.bm25.analysis import RegexAnalyzer
 from searchr1.retrieval.bm25.build import BM25StreamBuilder
+from searchr1.retrieval.bm25.files import POSTINGS_FILE
 from searchr1.retrieval.bm25.retriever import _best
 from searchr1.retrieval.checkpoint import IndexBuildError, read_state
 from searchr1.retrieval.corpus import Document, ReadPosition, read_corpus, write_corpus
@@ -456,7 +457,7 @@ def test_the_index_is_the_same_byte_for_byte_whatever_the_number_of_workers(tmp_
     assert one.skipped_lines == two.skipped_lines == 3  # the malformed line and the two repeats
     assert one.num_documents == two.num_documents == 255 + 2  # line 150 is three passages of 40 words
     files = _files(tmp_path / "one")
-    assert {"docs.zst", "docs.frames.npy", "docs.dict", "docs.store.json", "bm25/postings.u8.npy"} <= set(files)
+    assert {"docs.zst", "docs.frames.npy", "docs.dict", "docs.store.json", f"bm25/{POSTINGS_FILE}"} <= set(files)
     assert files == _files(tmp_path / "two")
     r = load_index(tmp_path / "two")
     assert r.docs[3].id == "3" and [h.id for h in r.search(["repeats an id"], 3)[0]] == []

@@ -28,11 +28,12 @@ Anserini's tie order follows).
     bm25 = BM25Retriever.from_documents(docs)              # in process, nothing written
     bm25.search(["who founded Acme"], topk=3)
 
-On disk (``folder/bm25``), format 2: postings in blocks of 128 (``postings``): ``postings.u8.npy``
-(per posting a varint row gap and, with Lucene's settings, a varint term frequency: the score is
-computed at query time from it and the passage's norm; other settings keep ``scores.f32.npy``),
+On disk (``folder/bm25``), format 3: postings in blocks of 128 (``blocks``, ``postings``):
+``postings.u32.npy`` (full blocks bit-packed with a frame of reference: row gaps and, with Lucene's
+settings, term frequencies, the score computed at query time from it and the passage's norm; a
+column's shorter last block as varints; other settings keep ``scores.f32.npy``),
 ``blocks.offsets.npy`` / ``blocks.ptr.npy`` / ``blocks.last.npy`` / ``blocks.max.npy`` (each block's
-first byte, each column's first block, each block's last row and largest score),
+first word, each column's first block, each block's last row and largest score),
 ``indptr.csc.index.npy`` (each column's first posting), ``term_max.npy`` (each column's largest
 score), ``vocab.hash.npy`` + ``vocab.ids.npy``
 (sorted 64-bit hashes of the terms and their column ids: a term is found by binary search in a memory
@@ -41,10 +42,11 @@ map, so serving 10M terms costs neither a dictionary in memory nor seconds of lo
 passage), ``id_keys.npy`` (8 bytes a passage: the ids'
 text order, for Anserini's order of tied hits), ``params.index.json`` (with N, avgdl, the layout and
 each file's size and CRC-32, checked at load), ``tokenizer.json`` (the settings). Columns are in the
-order of the terms' hashes (``build``). Format 1 (earlier versions and ``save``):
-``data.csc.index.npy`` / ``indices.csc.index.npy`` (float32 scores and int32 rows, bm25s's names)
-instead of the blocks; still read, the block bounds computed at load. Folders written by
-earlier versions (bm25s's ``vocab.index.json``; no ``analyzer`` setting) still load.
+order of the terms' hashes (``build``). Format 2 (the previous version: varint blocks,
+``postings.u8.npy``) is refused in one line that names the command rebuilding it. Format 1 (the
+earliest versions and ``save``): ``data.csc.index.npy`` / ``indices.csc.index.npy`` (float32 scores
+and int32 rows, bm25s's names) instead of the blocks; still read, the block bounds computed at load.
+Folders written by earlier versions (bm25s's ``vocab.index.json``; no ``analyzer`` setting) still load.
 
 The modules, in the order data flows through them:
 
@@ -53,7 +55,9 @@ The modules, in the order data flows through them:
 ``first_pass``   a build's first pass, chunk by chunk on worker processes: parse, analyse, compress
 ``build``        sorted runs spilled to disk and merged in bounded memory into the index files
 ``scoring``      the formulas: IDF, term-frequency factors, Lucene's norms and float32 arithmetic
-``postings``     posting blocks: encoded, decoded, checked
+``bitpack``      frame-of-reference bit packing of 128 values in 4 interleaved lanes
+``blocks``       one block's words: bit-packed full blocks, varint tails
+``postings``     a whole index's posting blocks: encoded, decoded, checked
 ``kernel``       the compiled top-k (block-max MaxScore, without the GIL)
 ``vocabulary``   term hashes; term -> column
 ``files``        the folder on disk: names, checksums, loading

@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from searchr1.retrieval.bm25.analysis import Analyzer
+from searchr1.retrieval.bm25.blocks import BLOCK, encode_blocks
 from searchr1.retrieval.bm25.files import (
     BLOCK_LAST_FILE,
     BLOCK_MAX_FILE,
@@ -58,7 +59,6 @@ from searchr1.retrieval.bm25.files import (
     write_params,
 )
 from searchr1.retrieval.bm25.params import NONOCCURRENCE_METHODS, BM25Params
-from searchr1.retrieval.bm25.postings import BLOCK, encode_blocks
 from searchr1.retrieval.bm25.scoring import (
     LUCENE_LENGTHS,
     id_sort_keys,
@@ -85,9 +85,10 @@ RANGES_PER_BUDGET = 8
 """Hash ranges cut per ``memory_mb`` worth of postings; neighbouring ones are merged together up to it."""
 RUN_BYTES_PER_POSTING = 9
 """A run's bytes a posting (6 for the posting, the rest its term's entry), measured on generated passages."""
-INDEX_BYTES_PER_POSTING = 3
-"""The index's bytes a posting (a varint row gap, a varint term frequency, 1/128 of a block's 16
-bytes of bounds and offset; layout score adds a float32): an estimate for a full disk's message."""
+INDEX_BYTES_PER_POSTING = 2
+"""The index's bytes a posting (a bit-packed row gap and term frequency, 1/128 of a block's 24 bytes
+of header, bounds and offset, varint tails; layout score adds a float32): an estimate for a full
+disk's message."""
 INDEX_BYTES_PER_TERM = 50
 """The index's bytes a column: pointers to its postings and blocks, its maximum, hash, id, text and
 the bounds of its last block."""
@@ -435,14 +436,14 @@ class FileSink:
         self.with_tf = with_tf
         self.postings = 0
         self.terms = 0
-        self.bytes = 0
+        self.words = 0
         self.blocks = 0
         self.collision = False
         self._column: tuple[int, str, int] | None = None
         self._carry: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._prev = -1
         self._column_max = np.float32(0)
-        files = [("stream", POSTINGS_FILE, np.uint8), ("block_offsets", BLOCK_OFFSETS_FILE, np.int64),
+        files = [("stream", POSTINGS_FILE, np.uint32), ("block_offsets", BLOCK_OFFSETS_FILE, np.int64),
                  ("block_ptr", BLOCK_PTR_FILE, np.int64),
                  ("block_last", BLOCK_LAST_FILE, np.int32), ("block_max", BLOCK_MAX_FILE, np.float32),
                  ("indptr", INDPTR_FILE, np.int64), ("term_max", TERM_MAX_FILE, np.float32),
@@ -469,12 +470,12 @@ class FileSink:
             np.asarray(lengths, np.int64), np.asarray(prev, np.int64), self.with_tf,
         )  # fmt: skip
         self.stream.append(stream)
-        self.block_offsets.append(self.bytes + np.cumsum(sizes))
+        self.block_offsets.append(self.words + np.cumsum(sizes))
         self.block_last.append(last)
         self.block_max.append(best)
         if not self.with_tf:
             self.scores.append(data)
-        self.bytes += len(stream)
+        self.words += len(stream)
 
     def _columns(self, h1: np.ndarray, terms: list[str], df: np.ndarray, term_max: np.ndarray) -> None:
         self.indptr.append(self.postings + np.cumsum(df))

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+from pathlib import Path
+
 REBUILD = "rebuild it with `searchr1 index build --corpus CORPUS --out FOLDER`"
 """The end of every message that refuses an index: how to get a good one."""
 
@@ -12,3 +16,15 @@ class DamagedIndex(ValueError):
 
 class CorruptIndex(ValueError):
     """A block of postings that cannot be what the build wrote (found while searching)."""
+
+
+REBUILD_BM25 = "rebuild it with `searchr1 index build --retriever bm25 --corpus CORPUS --out FOLDER`"
+
+
+def rebuild_bm25(folder: Path) -> str:
+    """``REBUILD_BM25`` for the index folder ``folder``, with the corpus its manifest names (if it can
+    be read)."""
+    corpus = "CORPUS"
+    with contextlib.suppress(OSError, ValueError):
+        corpus = json.loads((folder / "manifest.json").read_text()).get("corpus") or corpus
+    return REBUILD_BM25.replace("CORPUS", str(corpus)).replace("FOLDER", str(folder))

@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from searchr1.retrieval.bm25.errors import REBUILD, DamagedIndex
-from searchr1.retrieval.bm25.kernel import SCORE, TF
+from searchr1.retrieval.bm25.blocks import SCORE, TF
+from searchr1.retrieval.bm25.errors import REBUILD, DamagedIndex, rebuild_bm25
 from searchr1.retrieval.bm25.params import BM25Params
 from searchr1.retrieval.bm25.postings import Postings
 from searchr1.retrieval.bm25.vocabulary import (
@@ -34,16 +34,19 @@ NORMS_FILE = "norms.npy"
 scored as Anserini scores it (``BM25Retriever``). Absent from folders of earlier versions."""
 ID_KEYS_FILE = "id_keys.npy"
 """Per passage, ``id_sort_keys`` of its id: Anserini's order of tied hits without reading ids."""
-POSTINGS_FILE = "postings.u8.npy"
-"""Format 2: the posting blocks' bytes (``postings``)."""
+POSTINGS_FILE = "postings.u32.npy"
+"""The posting blocks' words (``blocks``: bit-packed full blocks, varint tails)."""
 BLOCK_OFFSETS_FILE, BLOCK_PTR_FILE = "blocks.offsets.npy", "blocks.ptr.npy"
-"""Format 2: each block's first byte (and the end), each column's first block (and the count)."""
+"""Each block's first word (and the end), each column's first block (and the count)."""
 BLOCK_LAST_FILE, BLOCK_MAX_FILE = "blocks.last.npy", "blocks.max.npy"
-"""Format 2: each block's last row and largest score."""
+"""Each block's last row and largest score."""
 SCORES_FILE = "scores.f32.npy"
-"""Format 2, layout score (methods other than Lucene's): the postings' float32 scores."""
-FORMAT = 2
-"""1 (no ``format`` key): rows and float32 scores (``DATA_FILE``, ``INDICES_FILE``), still read; 2: blocks."""
+"""Layout score (methods other than Lucene's): the postings' float32 scores."""
+FORMAT = 3
+"""1 (no ``format`` key; ``save`` and the earliest versions): rows and float32 scores (``DATA_FILE``,
+``INDICES_FILE``), still read; 2: varint blocks (``postings.u8.npy``), refused with the command that
+rebuilds it; 3: bit-packed blocks."""
+VARINT_FORMAT = 2
 LEGACY_VOCAB_FILE = "vocab.index.json"
 
 
@@ -149,9 +152,9 @@ def write_params(
 
 def load_matrix(src: Path, mmap: bool = True, verify: bool = True) -> tuple[ScoreMatrix, object, dict, Any]:
     """(score matrix, vocabulary, params.index.json, posting blocks or None) of a ``bm25`` folder. An
-    index of format 2 has blocks (``postings.Postings``) and a matrix without rows and scores;
-    ``verify``: its files' sizes and CRC-32 are checked first. A file that cannot be read is refused
-    in one line (``DamagedIndex``)."""
+    index of format 3 has blocks (``postings.Postings``) and a matrix without rows and scores;
+    ``verify``: its files' sizes and CRC-32 are checked first. A file that cannot be read, or an index
+    of format 2 (varint blocks), is refused in one line (``DamagedIndex``) naming the rebuild command."""
     try:
         meta = json.loads((src / PARAMS_FILE).read_text())
     except json.JSONDecodeError as exc:
@@ -159,6 +162,9 @@ def load_matrix(src: Path, mmap: bool = True, verify: bool = True) -> tuple[Scor
     blocks = meta.get("format", 1) >= 2
     if meta.get("format", 1) > FORMAT:
         raise DamagedIndex(f"BM25 index {src} has format {meta['format']}, newer than this version reads ({FORMAT})")
+    if meta.get("format") == VARINT_FORMAT:
+        raise DamagedIndex(f"BM25 index {src} has format 2 (varint postings), which this version no longer "
+                           f"reads (format 3: bit-packed blocks); {rebuild_bm25(src.parent)}")  # fmt: skip
     if blocks and verify:
         verify_checksums(src, meta.get("checksums", {}))
     try:

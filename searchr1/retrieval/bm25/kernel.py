@@ -20,13 +20,19 @@ every passage tied with the k-th (Anserini orders those by id afterwards). Pruni
 ``float32(bound (1 + 1e-9)) < theta``: float32 rounding is monotone, so a skipped passage scores
 strictly below the k-th (a tie is never skipped); the 1e-9 covers float64 rounding of the sums.
 
-Posting layouts (``mode``): RAW (rows int32 + float32 scores: indexes of earlier versions and in-memory
-ones), TF (varint row gaps and term frequencies in one byte stream; the score computed here, in
-float32, from the term frequency and the passage's one-byte Lucene norm exactly as ``term_scores``
-computes it at build time: ``w - w / (1 + tf inv[norm])``) and SCORE (varint row gaps, float32 scores
-beside them: methods other than Lucene's). A query term repeated n times is one clause boosted by n
+Posting layouts (``mode``, ``blocks``): RAW (rows int32 + float32 scores: indexes of format 1 and
+``save``), TF (bit-packed row gaps and term frequencies; the score computed here, in float32, from the
+term frequency and the passage's one-byte Lucene norm exactly as ``scoring.term_scores`` computes it
+at build time: ``w - w / (1 + tf inv[norm])``) and SCORE (bit-packed row gaps, float32 scores beside
+them: methods other than Lucene's). A query term repeated n times is one clause boosted by n
 (``scoring.boosted_scores``): ``w = float32(n idf)`` in the formula above (TF), the term frequency
 recovered from the stored score first (RAW, Lucene's settings), else n x the score.
+
+The score table (TF): for a term with at least ``TABLE_MIN_POSTINGS`` postings, the scores of term
+frequencies 1..``TABLE_TF`` at each of the 256 norms are computed once per query, by the same float32
+expression (``lucene_score``), so a posting's score is one load instead of a division -- Lucene keeps
+the 256 ``1 / (k1 (1 - b + b len / avgdl))`` (our ``inv``) and divides per posting; the table goes one
+step further. Bit for bit the formula's value: the same function computes both.
 
 Everything here runs with ``nogil``: a search thread releases the interpreter lock for the whole
 batch it scores.
@@ -37,10 +43,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-BLOCK = 128
-"""Postings per block."""
-RAW, TF, SCORE = 0, 1, 2
-"""Posting layouts (see the module docstring)."""
+from searchr1.retrieval.bm25.blocks import BLOCK, decode_block
+
 PLAIN, FORMULA, RECOVER, TIMES = 0, 1, 2, 3
 """How a term's posting becomes its contribution: the stored score; Lucene's formula from tf; tf
 recovered from the stored score, then the formula; the stored score times the count."""
@@ -51,53 +55,11 @@ MARGIN = 1e-9
 BOOST_MARGIN = 1e-6
 """A boosted term's score may exceed count x its single score by float32 rounding: its bound's margin."""
 MAX_TF = 65535.0
-
-
-@njit(nogil=True, cache=True)
-def _varint(stream: np.ndarray, p: int, end: int) -> tuple[int, int]:
-    """(value, next position) of the LEB128 varint at ``p``; -1 as the value when it overruns ``end``."""
-    v, shift = 0, 0
-    while True:
-        if p >= end or shift > 35:
-            return -1, p
-        byte = np.int64(stream[p])
-        p += 1
-        v |= (byte & 0x7F) << shift
-        if byte < 128:
-            return v, p
-        shift += 7
-
-
-@njit(nogil=True, cache=True)
-def decode_block(
-    mode: int, b: int, first: int, n: int, prev: int, rows: np.ndarray, data: np.ndarray,
-    offsets: np.ndarray, stream: np.ndarray, num_docs: int, last: int, out_docs: np.ndarray,
-    out_vals: np.ndarray,
-) -> bool:  # fmt: skip
-    """Block ``b`` (``n`` postings from posting ``first``; ``prev`` the column's row before it, -1 for
-    none) into ``out_docs[:n]`` / ``out_vals[:n]``; False when its bytes cannot be a block (rows not
-    ascending, beyond the corpus, not ending at ``last``, or overrunning the block)."""
-    if mode == RAW:
-        for j in range(n):
-            out_docs[j] = rows[first + j]
-            out_vals[j] = data[first + j]
-        return True
-    p, end = offsets[b], offsets[b + 1]
-    doc = prev
-    for j in range(n):
-        gap, p = _varint(stream, p, end)
-        if gap < 1:
-            return False
-        doc += gap
-        out_docs[j] = doc
-        if mode == TF:
-            tf, p = _varint(stream, p, end)
-            if tf < 1:
-                return False
-            out_vals[j] = np.float32(tf)
-        else:
-            out_vals[j] = data[first + j]
-    return p == end and doc == last and doc < num_docs
+TABLE_TF = 8
+"""Term frequencies 1..this have their scores tabulated per query term (most postings: tf <= 3)."""
+TABLE_MIN_POSTINGS = 2 * TABLE_TF * 256
+"""A term gets a table when it has at least this many postings (the table's divisions: at most half
+a division a posting)."""
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
@@ -122,19 +84,35 @@ def _recover_tf(s: np.float32, idf: np.float32, inv: np.float32) -> np.float32:
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
+def lucene_score(w: np.float32, tf: np.float32, inv: np.float32) -> np.float32:
+    """Lucene's BM25 score in float32: ``w - w / (1 + tf inv)`` (``scoring.term_scores``)."""
+    return w - w / (np.float32(1.0) + tf * inv)
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def fill_table(table: np.ndarray, w32: np.float32, inv: np.ndarray) -> None:
+    """``table[tf - 1, norm] = lucene_score(w32, tf, inv[norm])`` for tf 1..``TABLE_TF``."""
+    for t in range(TABLE_TF):
+        tf = np.float32(t + 1)
+        for norm in range(256):
+            table[t, norm] = lucene_score(w32, tf, inv[norm])
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
 def _contribution(
     kind: int, v: np.float32, doc: int, w32: np.float32, idf32: np.float32, count: float,
-    norms: np.ndarray, inv: np.ndarray,
+    norms: np.ndarray, inv: np.ndarray, table: np.ndarray, ti: int,
 ) -> float:  # fmt: skip
-    one = np.float32(1.0)
+    """A posting's contribution (see PLAIN ... TIMES); ``ti``: the term's score table, or -1."""
     if kind == PLAIN:
         return np.float64(v)
     if kind == FORMULA:
-        return np.float64(w32 - w32 / (one + v * inv[norms[doc]]))
+        if ti >= 0 and v <= TABLE_TF:
+            return np.float64(table[ti, np.int64(v) - 1, norms[doc]])
+        return np.float64(lucene_score(w32, v, inv[norms[doc]]))
     if kind == RECOVER:
         i = inv[norms[doc]]
-        tf = _recover_tf(v, idf32, i)
-        return np.float64(w32 - w32 / (one + tf * i))
+        return np.float64(lucene_score(w32, _recover_tf(v, idf32, i), i))
     return np.float64(v) * count
 
 
@@ -182,8 +160,8 @@ def top_k(
     cols: np.ndarray, counts: np.ndarray, kinds: np.ndarray, w32: np.ndarray, idf32: np.ndarray,
     bounds: np.ndarray, k: int, ties: bool, prune: bool, mode: int, indptr: np.ndarray,
     bptr: np.ndarray, block_last: np.ndarray, block_max: np.ndarray, rows: np.ndarray,
-    data: np.ndarray, offsets: np.ndarray, stream: np.ndarray, norms: np.ndarray, inv: np.ndarray,
-    num_docs: int,
+    data: np.ndarray, offsets: np.ndarray, words: np.ndarray, stream: np.ndarray, norms: np.ndarray,
+    inv: np.ndarray, num_docs: int,
 ) -> tuple[np.ndarray, np.ndarray, bool]:  # fmt: skip
     """(rows, float32 scores, ok) of the ``k`` best passages holding a query term, by score desc then
     row asc (``ties``: and every passage tied with the k-th). ``cols`` are the query's distinct
@@ -201,9 +179,19 @@ def top_k(
     buf_vals = np.empty((nt, BLOCK), np.float32)
     prefix = np.empty(nt, np.float64)  # sum of bounds of terms 0..i
     near = np.zeros(nt, np.float64)  # per non-essential term: its block bound at the candidate
+    scratch = np.empty(BLOCK, np.uint32)
+    tix = np.full(nt, -1, np.int64)  # the term's score table, or -1
+    n_tables = 0
+    for i in range(nt):
+        if kinds[i] == FORMULA and indptr[cols[i] + 1] - indptr[cols[i]] >= TABLE_MIN_POSTINGS:
+            tix[i] = n_tables
+            n_tables += 1
+    table = np.empty((max(n_tables, 1), TABLE_TF, 256), np.float32)
     acc = 0.0
     for i in range(nt):
         t = cols[i]
+        if tix[i] >= 0:
+            fill_table(table[tix[i]], w32[i], inv)
         cur_block[i], end_block[i] = bptr[t], bptr[t + 1]
         factor[i] = counts[i] * (1.0 + BOOST_MARGIN) if counts[i] > 1 else 1.0
         acc += bounds[i]
@@ -232,8 +220,8 @@ def top_k(
             first = indptr[t] + (b - bptr[t]) * BLOCK
             n = min(BLOCK, indptr[t + 1] - first)
             prev = np.int64(block_last[b - 1]) if b > bptr[t] else np.int64(-1)
-            if not decode_block(mode, b, first, n, prev, rows, data, offsets, stream, num_docs,
-                                np.int64(block_last[b]), buf_docs[i], buf_vals[i]):  # fmt: skip
+            if not decode_block(mode, b, first, n, prev, rows, data, offsets, words, stream, num_docs,
+                                np.int64(block_last[b]), buf_docs[i], buf_vals[i], scratch):  # fmt: skip
                 return False
             dec_block[i] = b
             size[i] = n
@@ -255,7 +243,8 @@ def top_k(
         return b if b < e else -1
 
     def score_of(i):
-        return _contribution(kinds[i], buf_vals[i, pos[i]], doc[i], w32[i], idf32[i], counts[i], norms, inv)
+        return _contribution(kinds[i], buf_vals[i, pos[i]], doc[i], w32[i], idf32[i], counts[i], norms, inv,
+                             table, tix[i])
 
     ok = True
     for i in range(nt):
@@ -364,8 +353,8 @@ def top_k_batch(
     qptr: np.ndarray, cols: np.ndarray, counts: np.ndarray, kinds: np.ndarray, w32: np.ndarray,
     idf32: np.ndarray, bounds: np.ndarray, k: int, ties: bool, prune: bool, mode: int,
     indptr: np.ndarray, bptr: np.ndarray, block_last: np.ndarray, block_max: np.ndarray,
-    rows: np.ndarray, data: np.ndarray, offsets: np.ndarray, stream: np.ndarray, norms: np.ndarray,
-    inv: np.ndarray, num_docs: int,
+    rows: np.ndarray, data: np.ndarray, offsets: np.ndarray, words: np.ndarray, stream: np.ndarray,
+    norms: np.ndarray, inv: np.ndarray, num_docs: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:  # fmt: skip
     """``top_k`` of each query ``q`` (its terms at ``qptr[q]:qptr[q+1]`` of the flat arrays): (result
     pointers, rows, scores, ok), query q's hits at ``rptr[q]:rptr[q+1]``."""
@@ -378,8 +367,8 @@ def top_k_batch(
         a, z = qptr[q], qptr[q + 1]
         if z > a:
             r, s, ok = top_k(cols[a:z], counts[a:z], kinds[a:z], w32[a:z], idf32[a:z], bounds[a:z], k, ties,
-                             prune, mode, indptr, bptr, block_last, block_max, rows, data, offsets, stream,
-                             norms, inv, num_docs)  # fmt: skip
+                             prune, mode, indptr, bptr, block_last, block_max, rows, data, offsets, words,
+                             stream, norms, inv, num_docs)  # fmt: skip
             if not ok:
                 return rptr, out_r[:0], out_s[:0], False
             if n + len(r) > len(out_r):

@@ -1,13 +1,12 @@
 """Postings in blocks of 128 for the compiled kernel (``kernel``): the arrays it reads, built from
-an in-memory score matrix (layout RAW) or encoded by the build (layouts TF and SCORE).
+an in-memory score matrix (layout RAW) or encoded (layouts TF and SCORE, ``blocks``).
 
 Each column's postings are cut into blocks of ``BLOCK``; block ``b`` of column ``t`` is block
 ``bptr[t] + j`` (``bptr`` from the document frequencies), with its last row ``block_last[b]`` and its
-largest score ``block_max[b]``. Encoded blocks (``offsets[b]:offsets[b+1]`` of one byte stream) hold
-each posting's row gap (``row - previous row``; the first row of a column against -1, the first of a
-later block against the last row of the block before) as an LEB128 varint (7 bits a byte, the high bit
-set on all but the last byte), then, in layout TF, the term frequency as a varint. Layout SCORE keeps
-the float32 scores uncompressed beside the stream (methods whose scores need exact lengths).
+largest score ``block_max[b]``. Encoded blocks are ``offsets[b]:offsets[b+1]`` of one stream of
+uint32 words (``stream``), in the format ``blocks`` describes: full blocks bit-packed with a frame
+of reference, a column's shorter last block as varints. Layout SCORE keeps the float32 scores
+uncompressed beside the stream (methods whose scores need exact lengths).
 """
 
 from __future__ import annotations
@@ -17,12 +16,12 @@ from dataclasses import dataclass, field
 import numpy as np
 from numba import njit
 
+from searchr1.retrieval.bm25.blocks import BLOCK, RAW, SCORE, TF, decode_block, encode_blocks
 from searchr1.retrieval.bm25.errors import REBUILD, DamagedIndex
-from searchr1.retrieval.bm25.kernel import BLOCK, RAW, SCORE, TF, decode_block
 
 _EMPTY_I32 = np.zeros(0, np.int32)
 _EMPTY_F32 = np.zeros(0, np.float32)
-_EMPTY_U8 = np.zeros(0, np.uint8)
+_EMPTY_U32 = np.zeros(0, np.uint32)
 
 
 def frozen(a: np.ndarray, dtype) -> np.ndarray:
@@ -61,7 +60,8 @@ class Postings:
     rows: np.ndarray = field(default_factory=lambda: _EMPTY_I32)
     data: np.ndarray = field(default_factory=lambda: _EMPTY_F32)
     offsets: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))
-    stream: np.ndarray = field(default_factory=lambda: _EMPTY_U8)
+    stream: np.ndarray = field(default_factory=lambda: _EMPTY_U32)
+    """uint32 words (``blocks``)."""
 
     @classmethod
     def from_matrix(
@@ -102,10 +102,11 @@ class Postings:
         s, e = int(self.indptr[t]), int(self.indptr[t + 1])
         if self.mode == RAW:
             return self.rows[s:e], self.data[s:e]
+        words = frozen(self.stream, np.uint32)
         rows, vals, ok = decode_column(
             self.mode, t, frozen(self.indptr, np.int64), frozen(self.bptr, np.int64),
             frozen(self.block_last, np.int32), frozen(self.data, np.float32), frozen(self.offsets, np.int64),
-            frozen(self.stream, np.uint8), 2**62,
+            words, words.view(np.uint8), 2**62,
         )  # fmt: skip
         if not ok:
             raise ValueError(f"BM25 index is corrupt: column {t} cannot be decoded")
@@ -115,87 +116,25 @@ class Postings:
 @njit(nogil=True, cache=True)
 def decode_column(
     mode: int, t: int, indptr: np.ndarray, bptr: np.ndarray, block_last: np.ndarray, data: np.ndarray,
-    offsets: np.ndarray, stream: np.ndarray, num_docs: int,
+    offsets: np.ndarray, words: np.ndarray, stream: np.ndarray, num_docs: int,
 ) -> tuple[np.ndarray, np.ndarray, bool]:  # fmt: skip
-    """Every posting of column ``t``: (rows, values, ok)."""
+    """Every posting of column ``t``: (rows, values, ok); ``stream`` is ``words`` as bytes."""
     s, e = indptr[t], indptr[t + 1]
     rows = np.empty(e - s, np.int64)
     vals = np.empty(e - s, np.float32)
     buf_d = np.empty(BLOCK, np.int64)
     buf_v = np.empty(BLOCK, np.float32)
+    scratch = np.empty(BLOCK, np.uint32)
     for b in range(bptr[t], bptr[t + 1]):
         first = s + (b - bptr[t]) * BLOCK
         n = min(BLOCK, e - first)
         prev = np.int64(block_last[b - 1]) if b > bptr[t] else np.int64(-1)
-        if not decode_block(mode, b, first, n, prev, rows, data, offsets, stream, num_docs,
-                            np.int64(block_last[b]), buf_d, buf_v):  # fmt: skip
+        if not decode_block(mode, b, first, n, prev, rows, data, offsets, words, stream, num_docs,
+                            np.int64(block_last[b]), buf_d, buf_v, scratch):  # fmt: skip
             return rows, vals, False
         rows[first - s : first - s + n] = buf_d[:n]
         vals[first - s : first - s + n] = buf_v[:n]
     return rows, vals, True
-
-
-@njit(nogil=True, cache=True)
-def _varint_size(v: int) -> int:
-    n = 1
-    while v >= 128:
-        v >>= 7
-        n += 1
-    return n
-
-
-@njit(nogil=True, cache=True)
-def _put(out: np.ndarray, p: int, v: int) -> int:
-    while v >= 128:
-        out[p] = (v & 0x7F) | 0x80
-        v >>= 7
-        p += 1
-    out[p] = v
-    return p + 1
-
-
-@njit(nogil=True, cache=True)
-def encode_blocks(
-    rows: np.ndarray, tf: np.ndarray, scores: np.ndarray, lengths: np.ndarray, prev: np.ndarray, with_tf: bool
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Encode consecutive segments of postings (segment j: ``lengths[j]`` postings whose rows follow
-    ``prev[j]``, -1 for a column's start) into blocks of ``BLOCK``: (bytes, each block's byte size,
-    last row, largest score)."""
-    nblocks = 0
-    for j in range(len(lengths)):
-        nblocks += (lengths[j] + BLOCK - 1) // BLOCK
-    sizes = np.zeros(nblocks, np.int64)
-    last = np.empty(nblocks, np.int32)
-    best = np.empty(nblocks, np.float32)
-    total = 0
-    p, b = 0, 0
-    for j in range(len(lengths)):
-        before = prev[j]
-        for lo in range(p, p + lengths[j], BLOCK):
-            hi = min(lo + BLOCK, p + lengths[j])
-            size = 0
-            m = scores[lo]
-            for q in range(lo, hi):
-                size += _varint_size(rows[q] - before)
-                if with_tf:
-                    size += _varint_size(tf[q])
-                before = rows[q]
-                m = max(m, scores[q])
-            sizes[b], last[b], best[b] = size, before, m
-            total += size
-            b += 1
-        p += lengths[j]
-    out = np.empty(total, np.uint8)
-    at, p = 0, 0
-    for j in range(len(lengths)):
-        before = prev[j]
-        for q in range(p, p + lengths[j]):
-            at = _put(out, at, rows[q] - before)
-            if with_tf:
-                at = _put(out, at, tf[q])
-            before = rows[q]
-        p += lengths[j]
-    return out, sizes, last, best
 
 
 def encode_postings(

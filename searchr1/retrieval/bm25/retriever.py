@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from searchr1.retrieval.base import Hit, Retriever
+from searchr1.retrieval.bm25.blocks import TF
 from searchr1.retrieval.bm25.build import build_matrix
 from searchr1.retrieval.bm25.errors import CorruptIndex
 from searchr1.retrieval.bm25.files import (
@@ -33,7 +34,7 @@ from searchr1.retrieval.bm25.files import (
     tf_layout,
     write_params,
 )
-from searchr1.retrieval.bm25.kernel import BOOST_MARGIN, FORMULA, RECOVER, TF, TIMES, top_k_batch
+from searchr1.retrieval.bm25.kernel import BOOST_MARGIN, FORMULA, RECOVER, TIMES, top_k_batch
 from searchr1.retrieval.bm25.params import BM25Params
 from searchr1.retrieval.bm25.postings import Postings, encode_postings, frozen
 from searchr1.retrieval.bm25.scoring import LUCENE_LENGTHS, boosted_scores, idf, inverse_norms, term_scores
@@ -81,11 +82,11 @@ class BM25Retriever(Retriever):
         p = postings
         norms = self._norms if self._norms is not None else np.zeros(0, np.uint8)
         inv = self._inverse if self._inverse is not None else np.zeros(0, np.float32)
+        words = frozen(p.stream, np.uint32)
         self._kernel_arrays = (
             p.mode, *(frozen(a, d) for a, d in ((p.indptr, np.int64), (p.bptr, np.int64), (p.block_last, np.int32),
-                      (p.block_max, np.float32), (p.rows, np.int32), (p.data, np.float32), (p.offsets, np.int64),
-                      (p.stream, np.uint8), (norms, np.uint8), (inv, np.float32))),
-            self._num_docs,
+                      (p.block_max, np.float32), (p.rows, np.int32), (p.data, np.float32), (p.offsets, np.int64))),
+            words, words.view(np.uint8), frozen(norms, np.uint8), frozen(inv, np.float32), self._num_docs,
         )  # fmt: skip
         """What ``top_k_batch`` reads of the index: plain read-only arrays of fixed types, so that one
         compiled version serves every index, in memory or mapped."""
@@ -178,7 +179,7 @@ class BM25Retriever(Retriever):
     @classmethod
     def load(cls, folder: str | Path, docs: DocStore, mmap: bool = True, threads: int = 1) -> BM25Retriever:
         """Open ``folder/bm25``; with ``mmap`` the arrays stay on disk (page cache, not RSS). An index of
-        format 2 is checked first (each file's size and CRC-32); one of format 1 (rows and scores,
+        format 3 is checked first (each file's size and CRC-32); one of format 1 (rows and scores,
         earlier versions) is read as it is, its block bounds computed here."""
         src = Path(folder) / BM25_DIR
         saved = json.loads((src / TOKENIZER_FILE).read_text())

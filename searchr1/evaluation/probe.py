@@ -27,6 +27,12 @@ A policy that always searches (or always answers) scores 1/2; one that searches 
 names the next hop scores 1. A side without a question is None, and so is the decision accuracy then.
 ``second_search_p`` (the search side's ``p``) keeps the probe's earlier one-sided number.
 
+The decoding (``searchr1.evaluation.probe_decode``) runs the questions ``batch_size`` at a time on the
+rollout's slot decoder (Llama-family models): the template's shared prefix computed once, the contexts
+prefilled together, the greedy turns and both candidates decoded in batched steps. ``batch_size=1`` (and a
+model the slot decoder does not run) probes one question at a time on the Hugging Face modules, the
+reference the batched path equals (``tests/evaluation/test_probe.py``).
+
     probe = decision_probe(model, tokenizer, samples, template, writer)
     probe["decision_accuracy"], probe["search_side"]["p"], probe["answer_side"]["p"]
 """
@@ -37,171 +43,70 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from searchr1.data.formats import sample_prompt
 from searchr1.data.prompts import ANSWER_OPEN, SEARCH_OPEN
-from searchr1.hfcompat import cache_arg
-from searchr1.rollout.gold import GoldPath, GoldWriter, gold_path, sentence_naming
+from searchr1.evaluation.probe_decode import (  # noqa: F401 (the probe's public names, re-exported)
+    ContextCache,
+    Decision,
+    decide,
+    decision_point,
+    probe_question,
+)
+from searchr1.rollout.gold import ANSWER_SIDE, SEARCH_SIDE, GoldWriter, decision_side, gold_path
 
 
 @dataclass
-class Decision:
-    """Where a decoded turn opens its action: ``ids`` (the turn's tokens before it) and ``lead`` (the text
-    of the token that holds the tag before the tag: prepended to both candidates); ``tag`` is the tag the
-    turn opened (None: neither)."""
+class ProbeItem:
+    """A question on a side: its ``context`` is its prompt's tokens, then its first gold search turn and
+    that search's observation (the gold prefix up to the end of the first ``<information>``)."""
 
-    ids: list[int]
-    lead: str
-    tag: str | None
-
-
-def decision_point(turn_ids: Sequence[int], tokenizer: Any) -> Decision:
-    """The decision point of a decoded turn (see the module docstring); end-of-sequence tokens end it."""
-    eos = {tokenizer.eos_token_id, getattr(tokenizer, "pad_token_id", None)} - {None}
-    ids = []
-    for token in turn_ids:
-        if int(token) in eos:
-            break
-        ids.append(int(token))
-    text = tokenizer.decode(ids)
-    found = [(text.find(tag), tag) for tag in (SEARCH_OPEN, ANSWER_OPEN) if tag in text]
-    if not found:
-        return Decision(ids, "", None)
-    start, tag = min(found)
-    for j in range(len(ids)):
-        if len(tokenizer.decode(ids[: j + 1])) > start:
-            before = tokenizer.decode(ids[:j])
-            return Decision(ids[:j], text[len(before) : start], tag)
-    return Decision(ids, "", tag)  # not reached: the tag starts inside the decoded text
+    side: str
+    question: str
+    queries: list[str]
+    context: list[int]
 
 
-class ContextCache:
-    """The policy's KV cache over a context, grown and cut back in place: the probe runs the prompt prefix
-    every question shares once, then per question only what follows it (``cut`` returns to any length)."""
-
-    def __init__(self, model: Any) -> None:
-        from transformers import DynamicCache
-
-        self.model = model
-        self.device = next(model.parameters()).device
-        self.cache = DynamicCache()
-        self.ids: list[int] = []
-
-    @torch.no_grad()
-    def extend(self, ids: Sequence[int]) -> torch.Tensor:
-        """Run ``ids`` after the cached context; returns their logits ``[len(ids), V]`` in float32 (row j
-        predicts the token after ``ids[j]``)."""
-        x = torch.tensor([list(ids)], device=self.device)
-        positions = torch.arange(self.length, self.length + len(ids), device=self.device)
-        out = self.model(input_ids=x, **cache_arg(self.cache), use_cache=True, cache_position=positions)
-        self.ids.extend(int(i) for i in ids)
-        return out.logits[0].float()
-
-    @property
-    def length(self) -> int:
-        return len(self.ids)
-
-    def cut(self, length: int) -> None:
-        """Forget every cached position from ``length`` on."""
-        if length < self.length:
-            self.cache.crop(length - self.length)  # negative: remove that many (every transformers 4.4x-5.x)
-            del self.ids[length:]
-
-    def keep_prefix_of(self, context: Sequence[int]) -> None:
-        """Cut the cache back to the longest prefix it shares with ``context``."""
-        n = next((i for i, (a, b) in enumerate(zip(self.ids, context, strict=False)) if a != b), None)
-        self.cut(min(self.length, len(context) - 1) if n is None else n)
-
-
-def continuation_logprob(cache: ContextCache, first: torch.Tensor, continuation: Sequence[int]) -> float:
-    """log P(continuation | context) where ``first`` holds the logits that predict the token after the cached
-    context (the cache is grown by ``continuation[:-1]``)."""
-    logp = torch.log_softmax(first, dim=-1)[continuation[0]]
-    if len(continuation) > 1:
-        rest = torch.log_softmax(cache.extend(continuation[:-1]), dim=-1)
-        logp = logp + rest.gather(-1, torch.tensor(continuation[1:], device=rest.device)[:, None]).sum()
-    return float(logp)
-
-
-@torch.no_grad()
-def probe_question(
-    model: Any, tokenizer: Any, context: list[int], max_tokens: int, cache: ContextCache | None = None
-) -> dict[str, Any]:
-    """``p_search`` of one teacher-forced context (prompt + gold prefix): the greedy turn decoded token by
-    token, then log P(S) and log P(A) at its decision point, all on one KV cache (``cache``: one that already
-    holds a prefix of ``context``; it is cut back to that prefix afterwards)."""
-    cache = cache or ContextCache(model)
-    shared = cache.length
-    if context[:shared] != cache.ids or shared >= len(context):
-        raise ValueError("probe_question: the cache must hold a proper prefix of the context")
-    eos = {tokenizer.eos_token_id} - {None}
-    predicts = [cache.extend(context[shared:])[-1]]  # predicts[j]: the logits of the turn's token j
-    turn: list[int] = []
-    for _ in range(max_tokens):
-        token = int(predicts[-1].argmax())
-        if token in eos:
-            break
-        turn.append(token)
-        predicts.append(cache.extend([token])[-1])
-    decision = decision_point(turn, tokenizer)
-    at = len(context) + len(decision.ids)
-    encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
-    logs = []
-    for tag in (SEARCH_OPEN, ANSWER_OPEN):
-        cache.cut(at)
-        logs.append(continuation_logprob(cache, predicts[len(decision.ids)], encode(decision.lead + tag)))
-    cache.cut(shared)
-    p_search = float(torch.sigmoid(torch.tensor(logs[0] - logs[1])))
-    return {"p_search": p_search, "opened": decision.tag, "turn": tokenizer.decode(turn)}
-
-
-SEARCH_SIDE = "search"
-ANSWER_SIDE = "answer"
-
-
-def side_of(path: GoldPath | None, first_hits: Sequence[Any]) -> str | None:
-    """The side of a question (see the module docstring) given its gold path and what its first gold search
-    returned; None: on neither side (no gold path, or a one-search path whose passage lacks the answer)."""
-    if path is None:
-        return None
-    if len(path.queries) >= 2:
-        return SEARCH_SIDE
-    return ANSWER_SIDE if sentence_naming(first_hits, path.answer) is not None else None
+def probe_items(
+    samples: Sequence[Any], template: str, tokenizer: Any, writer: GoldWriter
+) -> tuple[list[ProbeItem], int]:
+    """The samples on a side (``searchr1.rollout.gold.decision_side``), in order, and how many one-search
+    samples were left out (their passage lacks the answer); samples without a gold path are skipped."""
+    items = []
+    left_out = 0
+    for sample in samples:
+        path = gold_path(sample)
+        if path is None:
+            continue
+        prefix = writer.prefix(path)
+        side = decision_side(path, prefix.documents)
+        if side is None:
+            left_out += 1
+            continue
+        prompt = tokenizer(sample_prompt(sample, template, tokenizer), add_special_tokens=False)
+        context = list(prompt["input_ids"]) + prefix.turn_ids + prefix.obs_ids
+        items.append(ProbeItem(side, _question(sample), list(path.queries), context))
+    return items, left_out
 
 
 def decision_probe(
-    model: Any, tokenizer: Any, samples: Sequence[Any], template: str, writer: GoldWriter
+    model: Any,
+    tokenizer: Any,
+    samples: Sequence[Any],
+    template: str,
+    writer: GoldWriter,
+    batch_size: int = 64,
 ) -> dict[str, Any]:
     """The two-sided probe over ``samples`` (``writer``: the run's tokenizer, rollout limits and search
-    backend, which answers the first gold search); rows in the samples' order, each tagged with its side."""
-    was_training = model.training
-    model.eval()
+    backend, which answers the first gold search); rows in the samples' order, each tagged with its side.
+    ``batch_size``: questions decoded together (1: one at a time, the reference)."""
+    items, left_out = probe_items(samples, template, tokenizer, writer)
+    max_tokens = int(writer.config.max_turn_tokens)
+    decided = decide(model, tokenizer, [item.context for item in items], max_tokens, batch_size)
     rows = []
-    left_out = 0
-    cache: ContextCache | None = None
-    try:
-        for sample in samples:
-            path = gold_path(sample)
-            if path is None:
-                continue
-            prefix = writer.prefix(path)
-            side = side_of(path, prefix.documents)
-            if side is None:
-                left_out += 1
-                continue
-            prompt = tokenizer(sample_prompt(sample, template, tokenizer), add_special_tokens=False)
-            context = list(prompt["input_ids"]) + prefix.turn_ids + prefix.obs_ids
-            if cache is None:  # the template's prefix every prompt shares, run once
-                cache = ContextCache(model)
-                cache.extend(context[: max(1, shared_prefix(samples, template, tokenizer))])
-            cache.keep_prefix_of(context)  # a prompt of its own (stored messages): less is shared
-            row = probe_question(model, tokenizer, context, int(writer.config.max_turn_tokens), cache)
-            p = row["p_search"] if side == SEARCH_SIDE else 1.0 - row["p_search"]
-            rows.append({"side": side, "question": _question(sample), "queries": list(path.queries),
-                         "p": p, **row})  # fmt: skip
-    finally:
-        model.train(was_training)
+    for item, result in zip(items, decided, strict=True):
+        row = result.row(tokenizer)
+        p = row["p_search"] if item.side == SEARCH_SIDE else 1.0 - row["p_search"]
+        rows.append({"side": item.side, "question": item.question, "queries": item.queries, "p": p, **row})
     search = _side_summary([r for r in rows if r["side"] == SEARCH_SIDE], SEARCH_OPEN)
     answer = {
         **_side_summary([r for r in rows if r["side"] == ANSWER_SIDE], ANSWER_OPEN),
@@ -215,16 +120,6 @@ def decision_probe(
         "second_search_p": search["p"],
         "rows": rows,
     }
-
-
-def shared_prefix(samples: Sequence[Any], template: str, tokenizer: Any) -> int:
-    """Tokens every sample's prompt starts with (the template before the question), minus one."""
-    prompts = [tokenizer(sample_prompt(s, template, tokenizer), add_special_tokens=False)["input_ids"]
-               for s in samples[:2]] + [tokenizer(sample_prompt({"question": "x"}, template, tokenizer),
-                                                  add_special_tokens=False)["input_ids"]]  # fmt: skip
-    n = min(len(p) for p in prompts)
-    same = next((i for i in range(n) if len({p[i] for p in prompts}) > 1), n)
-    return max(0, same - 1)
 
 
 def _side_summary(rows: list[dict[str, Any]], right_tag: str) -> dict[str, Any]:

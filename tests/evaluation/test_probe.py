@@ -1,16 +1,18 @@
 """The decision probe (searchr1.evaluation.probe) on the tiny model against a hand computation: full
-forward passes, argmax decoding and log-softmax sums written out here, without the probe's helpers."""
+forward passes, argmax decoding and log-softmax sums written out here, without the probe's helpers; and the
+batched probe (the slot decoder) against the one-question-at-a-time reference."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 
 import pytest
 import torch
 
-from searchr1.evaluation import probe
-from searchr1.evaluation.probe import decision_point, decision_probe, probe_question
+from searchr1.evaluation import probe_decode
+from searchr1.evaluation.probe import decision_point, decision_probe, probe_items, probe_question
 from searchr1.retrieval.bm25 import BM25Retriever
 from searchr1.retrieval.corpus import read_corpus
 from searchr1.rollout.config import RolloutConfig
@@ -86,9 +88,7 @@ PRESS = "The Quillon Press was founded by Alice Verdan."
 BORN = "Alice Verdan was born in Borvik in 1901."
 
 
-def test_each_question_is_probed_on_its_side_after_its_own_gold_prefix(
-    model, tiny_tokenizer, tmp_path, monkeypatch
-):
+def test_each_question_is_probed_on_its_side_after_its_own_gold_prefix(model, tiny_tokenizer, tmp_path):
     """Two-hop questions on the search side (p = p_search), one-hop questions whose first passage holds the
     answer on the answer side (p = 1 - p_search), each from exactly prompt + the first gold search turn + its
     observation; a one-hop question whose passage lacks the answer, and a row without a gold path, on none."""
@@ -117,15 +117,11 @@ def test_each_question_is_probed_on_its_side_after_its_own_gold_prefix(
         "metadata": {"supporting_titles": ["Quillon Press"]},
     }  # its passage never says 1890
     no_path = {"question": "where was Alice Verdan born?", "golden_answers": ["Borvik"]}  # fmt: skip
-    contexts = []
-    real = probe.probe_question
-
-    def spied(model, tokenizer, context, max_tokens, cache=None):
-        contexts.append(list(context))
-        return real(model, tokenizer, context, max_tokens, cache)
-
-    monkeypatch.setattr(probe, "probe_question", spied)
-    out = decision_probe(model, tiny_tokenizer, [no_path, one_hop, no_answer, two_hop], str(template), writer)
+    samples = [no_path, one_hop, no_answer, two_hop]
+    items, left_out = probe_items(samples, str(template), tiny_tokenizer, writer)
+    contexts = [item.context for item in items]
+    assert left_out == 1
+    out = decision_probe(model, tiny_tokenizer, samples, str(template), writer)
 
     def encode(text: str) -> list[int]:
         return tiny_tokenizer.encode(text, add_special_tokens=False)
@@ -170,3 +166,136 @@ def test_a_side_without_questions_is_none_and_so_is_the_decision_accuracy(model,
     assert out["answer_side"] == {"questions": 0, "p": None, "greedy_share": None, "left_out": 1}
     assert out["search_side"] == {"questions": 0, "p": None, "greedy_share": None}
     assert out["decision_accuracy"] is None and out["second_search_p"] is None and out["rows"] == []
+
+
+WORLD = [
+    ("Quillon Press", PRESS),
+    ("Alice Verdan", BORN),
+    ("Tarn Mill", "The Tarn Mill was built by Ost Harrow."),
+    ("Ost Harrow", "Ost Harrow was born in Kelby."),
+    ("Borvik", "Borvik is a city in Tarnland."),
+]
+INSTRUCTION = (
+    "Answer the question. Think inside <think> and </think>, search with <search> query </search>, "
+    "answer inside <answer> and </answer>.\nQuestion: {question}\n"
+)
+
+
+def _question(text: str, answer: str, *titles: str) -> dict:
+    return {"question": text, "golden_answers": [answer], "metadata": {"supporting_titles": list(titles)}}
+
+
+QUESTIONS = [  # both sides, questions of different lengths: the contexts after the shared instruction differ
+    _question("where was Alice Verdan born?", "Borvik", "Alice Verdan"),
+    _question("where was the founder of the Quillon Press born?", "Borvik", "Quillon Press", "Alice Verdan"),
+    _question("Ost Harrow?", "Kelby", "Ost Harrow"),
+    _question(
+        "in which town was the man who built the Tarn Mill born, and where is it?",
+        "Kelby",
+        "Tarn Mill",
+        "Ost Harrow",
+    ),
+    _question("which country is Borvik in?", "Tarnland", "Borvik"),
+    _question(
+        "where was the person born who founded the press called Quillon?",
+        "Borvik",
+        "Quillon Press",
+        "Alice Verdan",
+    ),
+    _question("Kelby is the birthplace of which builder? where was Ost Harrow born?", "Kelby", "Ost Harrow"),
+]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A tokenizer whose ``<answer>`` is one token and ``<search>`` several (both candidate kinds), a tiny
+    model with its own output head, the world's search and a template with a long shared instruction."""
+    from tinymodel import build_tiny_model, train_tokenizer
+
+    folder = tmp_path_factory.mktemp("probe-world")
+    corpus = folder / "corpus.jsonl"
+    corpus.write_text(
+        "".join(
+            json.dumps({"id": str(i), "contents": f'"{t}"\n{x}'}) + "\n" for i, (t, x) in enumerate(WORLD)
+        )
+    )
+    template = folder / "template.txt"
+    template.write_text(INSTRUCTION)
+    texts = [x for _, x in WORLD] + [INSTRUCTION, "<think> I should search. </think> <search> Ost Harrow </search>"]
+    tokenizer = train_tokenizer(texts * 20, vocab_size=512, tag_tokens=False)
+    tokenizer.add_tokens(["<answer>"])
+    model = build_tiny_model(tokenizer, seed=0, tie_word_embeddings=False).eval()
+    retriever = BM25Retriever.from_documents(list(read_corpus(corpus)))
+    writer = GoldWriter(tokenizer, RolloutConfig(max_turns=2, max_turn_tokens=12), retriever, topk=1)
+    return model, tokenizer, writer, str(template)
+
+
+def _steer(model, tokenizer, contexts: list[list[int]], max_tokens: int) -> None:
+    """Make the random model open ``<answer>`` in some greedy turns and end others early, and leave some as
+    they were: two tokens X and Y of its greedy turns get twins whose output rows are 1.001 theirs (a twin wins
+    where its token won), ``<answer>`` for X and the end-of-sequence token for Y, chosen so that a turn emits
+    X after its first token and before Y, another Y before X, and a third, cut at the limit, neither."""
+    turns = [d.turn for d in probe_decode.decide(model, tokenizer, contexts, max_tokens, batch_size=1)]
+
+    def at(turn: list[int], token: int) -> int:
+        return turn.index(token) if token in turn else len(turn)
+
+    tokens = sorted({token for turn in turns for token in turn})
+    for x, y in itertools.permutations(tokens, 2):
+        opens = any(0 < at(t, x) < min(at(t, y), len(t) - 1) for t in turns)
+        ends = any(0 < at(t, y) < at(t, x) for t in turns)
+        untouched = any(x not in t and y not in t and len(t) == max_tokens for t in turns)
+        if opens and ends and untouched:
+            break
+    else:
+        raise AssertionError("no two tokens of the greedy turns to steer by")
+    head = model.get_output_embeddings().weight
+    with torch.no_grad():
+        head[tokenizer.convert_tokens_to_ids("<answer>")] = 1.001 * head[x]
+        head[tokenizer.eos_token_id] = 1.001 * head[y]
+
+
+def test_the_batched_probe_equals_one_question_at_a_time(world, monkeypatch, one_thread):
+    """Batched on the slot decoder (all questions at once, and three at a time: waves that reuse the slots)
+    the probe finds the same greedy turns, the same decision points and the same log P(<search>),
+    log P(<answer>) as the reference that probes one question at a time on the Hugging Face modules; the
+    turns cover a tag opened mid-turn, a turn ended by the end-of-sequence token and one cut at the limit."""
+    model, tokenizer, writer, template = world
+    max_tokens = int(writer.config.max_turn_tokens)
+    items, _ = probe_items(QUESTIONS, template, tokenizer, writer)
+    contexts = [item.context for item in items]
+    assert {item.side for item in items} == {"search", "answer"} and len(items) == len(QUESTIONS)
+    assert len({len(c) for c in contexts}) == len(contexts)  # every context its own length
+    assert probe_decode.common_prefix(contexts) >= 16  # the instruction: stored once by the slot decoder
+    _steer(model, tokenizer, contexts, max_tokens)
+    reference = probe_decode.decide(model, tokenizer, contexts, max_tokens, batch_size=1)
+    opened = [d for d in reference if d.decision.tag == "<answer>"]
+    assert opened and all(0 < len(d.decision.ids) < len(d.turn) for d in opened)  # mid-turn, turn goes on
+    assert any(d.decision.tag is None and len(d.turn) < max_tokens for d in reference)  # ended by EOS
+    assert any(d.decision.tag is None and len(d.turn) == max_tokens for d in reference)  # cut at the limit
+    assert all(len(c) > 1 for d in reference for c in probe_decode.candidates(d.decision, tokenizer)[:1])
+
+    def unused(*args, **kwargs):
+        raise AssertionError("the batched path must not probe one question at a time")
+
+    monkeypatch.setattr(probe_decode, "decide_one", unused)
+    for batch_size in (64, 3):
+        batched = probe_decode.decide(model, tokenizer, contexts, max_tokens, batch_size=batch_size)
+        assert [d.turn for d in batched] == [d.turn for d in reference]
+        assert [d.decision for d in batched] == [d.decision for d in reference]
+        for got, want in zip(batched, reference, strict=True):
+            assert got.log_search == pytest.approx(want.log_search, abs=1e-4)
+            assert got.log_answer == pytest.approx(want.log_answer, abs=1e-4)
+            assert got.p_search == pytest.approx(want.p_search, rel=1e-4, abs=1e-9)
+    monkeypatch.undo()
+    one = decision_probe(model, tokenizer, QUESTIONS, template, writer, batch_size=1)
+    model.train()  # the probe decodes in eval mode and gives the model back as it found it
+    many = decision_probe(model, tokenizer, QUESTIONS, template, writer)
+    assert model.training is True
+    model.eval()
+    assert [{k: v for k, v in r.items() if k not in ("p", "p_search")} for r in many["rows"]] == [
+        {k: v for k, v in r.items() if k not in ("p", "p_search")} for r in one["rows"]
+    ]
+    for key in ("p", "p_search"):
+        assert [r[key] for r in many["rows"]] == pytest.approx([r[key] for r in one["rows"]], abs=1e-6)
+    assert many["decision_accuracy"] == pytest.approx(one["decision_accuracy"], abs=1e-6)

@@ -19,7 +19,8 @@ bag-of-words query builds it (``scoring.boosted_scores``: ``w - w / (1 + tf inv)
 ``w = float32(n idf)``).
 
 Top-k is exact, computed by a compiled kernel (``kernel``: document-at-a-time MaxScore with
-per-block bounds, Turtle & Flood 1995 and Chakrabarti et al. 2011) that releases the GIL, so a batch is
+bounds per block and per superblock of 32 blocks, Turtle & Flood 1995, Chakrabarti et al. 2011 and
+Ding & Suel 2011) that releases the GIL, so a batch is
 searched on ``threads`` threads (``BM25Retriever(..., threads=N)``, ``set_threads``, ``serve
 --threads``). Passages are visited in row order and only those that can still enter the top k are
 scored; the hits are the k best by float32 score then row (and every passage tied with the k-th when
@@ -34,6 +35,8 @@ settings, term frequencies, the score computed at query time from it and the pas
 column's shorter last block as varints; other settings keep ``scores.f32.npy``),
 ``blocks.offsets.npy`` / ``blocks.ptr.npy`` / ``blocks.last.npy`` / ``blocks.max.npy`` (each block's
 first word, each column's first block, each block's last row and largest score),
+``superblocks.last.npy`` / ``superblocks.max.npy`` (the same bounds one level up, per 32 blocks:
+``bounds``),
 ``indptr.csc.index.npy`` (each column's first posting), ``term_max.npy`` (each column's largest
 score), ``vocab.hash.npy`` + ``vocab.ids.npy``
 (sorted 64-bit hashes of the terms and their column ids: a term is found by binary search in a memory
@@ -58,6 +61,7 @@ The modules, in the order data flows through them:
 ``bitpack``      frame-of-reference bit packing of 128 values in 4 interleaved lanes
 ``blocks``       one block's words: bit-packed full blocks, varint tails
 ``postings``     a whole index's posting blocks: encoded, decoded, checked
+``bounds``       score bounds per superblock of 32 blocks, and their check
 ``kernel``       the compiled top-k (block-max MaxScore, without the GIL)
 ``vocabulary``   term hashes; term -> column
 ``files``        the folder on disk: names, checksums, loading

@@ -40,6 +40,8 @@ import numpy as np
 
 from searchr1.retrieval.bm25.analysis import Analyzer
 from searchr1.retrieval.bm25.blocks import BLOCK, encode_blocks
+from searchr1.retrieval.bm25.bounds import superblock_bounds, superblock_problem
+from searchr1.retrieval.bm25.errors import BoundsError
 from searchr1.retrieval.bm25.files import (
     BLOCK_LAST_FILE,
     BLOCK_MAX_FILE,
@@ -51,6 +53,8 @@ from searchr1.retrieval.bm25.files import (
     NORMS_FILE,
     POSTINGS_FILE,
     SCORES_FILE,
+    SUPERBLOCK_LAST_FILE,
+    SUPERBLOCK_MAX_FILE,
     TERM_MAX_FILE,
     ScoreMatrix,
     file_checksums,
@@ -519,10 +523,43 @@ class FileSink:
                       np.array([self._column_max], np.float32))  # fmt: skip
         self._column, self._carry = None, None
 
+    SUPERBLOCK_CHUNK = 1 << 22
+    """Blocks whose superblocks are computed at a time (``_superblocks``: ~16 bytes a block)."""
+
+    def _superblocks(self) -> None:
+        """The superblocks' last rows and bounds (``bounds``), from the block files just written, a few
+        million blocks at a time; each part is checked (``superblock_problem``) before it is written,
+        since a bound below one of its blocks' would let a search skip a passage of the top k."""
+        bptr = np.load(self.out / BLOCK_PTR_FILE, mmap_mode="r")
+        last = np.load(self.out / BLOCK_LAST_FILE, mmap_mode="r")
+        best = np.load(self.out / BLOCK_MAX_FILE, mmap_mode="r")
+        sb_files = (NpyAppender(self.out / SUPERBLOCK_LAST_FILE, np.int32),
+                    NpyAppender(self.out / SUPERBLOCK_MAX_FILE, np.float32))  # fmt: skip
+        try:
+            c0, columns = 0, len(bptr) - 1
+            while c0 < columns:
+                c1 = int(np.searchsorted(bptr, int(bptr[c0]) + self.SUPERBLOCK_CHUNK, side="right")) - 1
+                c1 = min(max(c1, c0 + 1), columns)
+                lo, hi = int(bptr[c0]), int(bptr[c1])
+                local = np.asarray(bptr[c0 : c1 + 1], np.int64) - lo
+                part_last, part_max = np.asarray(last[lo:hi]), np.asarray(best[lo:hi])
+                sb_last, sb_max = superblock_bounds(local, part_last, part_max)
+                problem = superblock_problem(local, part_last, part_max, sb_last, sb_max)
+                if problem is not None:
+                    raise BoundsError(f"BM25 build refused its own bounds in {self.out}: {problem}")
+                sb_files[0].append(sb_last)
+                sb_files[1].append(sb_max)
+                c0 = c1
+        finally:
+            for f in sb_files:
+                f.close()
+
     def close(self) -> int:
-        """Finish the files (the vocabulary's ids; hashed again on a collision); returns the salt."""
+        """Finish the files (the superblocks; the vocabulary's ids; hashed again on a collision);
+        returns the salt."""
         for f in self._files:
             f.close()
+        self._superblocks()
         self.text.flush()
         os.fsync(self.text.fileno())
         self.text.close()

@@ -18,6 +18,10 @@ class CorruptIndex(ValueError):
     """A block of postings that cannot be what the build wrote (found while searching)."""
 
 
+class BoundsError(ValueError):
+    """The build's own check of the bounds it is about to write failed (a bug, never the input)."""
+
+
 REBUILD_BM25 = "rebuild it with `searchr1 index build --retriever bm25 --corpus CORPUS --out FOLDER`"
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from searchr1.retrieval.bm25.blocks import SCORE, TF
+from searchr1.retrieval.bm25.bounds import SUPER
 from searchr1.retrieval.bm25.errors import REBUILD, DamagedIndex, rebuild_bm25
 from searchr1.retrieval.bm25.params import BM25Params
 from searchr1.retrieval.bm25.postings import Postings
@@ -40,6 +41,8 @@ BLOCK_OFFSETS_FILE, BLOCK_PTR_FILE = "blocks.offsets.npy", "blocks.ptr.npy"
 """Each block's first word (and the end), each column's first block (and the count)."""
 BLOCK_LAST_FILE, BLOCK_MAX_FILE = "blocks.last.npy", "blocks.max.npy"
 """Each block's last row and largest score."""
+SUPERBLOCK_LAST_FILE, SUPERBLOCK_MAX_FILE = "superblocks.last.npy", "superblocks.max.npy"
+"""Each superblock's last row and largest score (``bounds``; ``superblock`` in the settings: its blocks)."""
 SCORES_FILE = "scores.f32.npy"
 """Layout score (methods other than Lucene's): the postings' float32 scores."""
 FORMAT = 3
@@ -143,7 +146,7 @@ def write_params(
         "vocab_salt": vocab_salt, "vocab_size": vocab_size, "doc_count": doc_count, "avg_len": avg_len,
     }  # fmt: skip
     if layout is not None:
-        meta.update(format=FORMAT, layout=layout, block=128, checksums=checksums or {})
+        meta.update(format=FORMAT, layout=layout, block=128, superblock=SUPER, checksums=checksums or {})
     (out / PARAMS_FILE).write_text(json.dumps(meta, indent=2))
     (out / TOKENIZER_FILE).write_text(json.dumps(asdict(params), indent=2))
 
@@ -200,6 +203,8 @@ def _load_arrays(src: Path, meta: dict, mmap: bool, blocks: bool) -> tuple[Score
             np.load(src / BLOCK_MAX_FILE, mmap_mode=mode), matrix.column_max(),
             data=np.load(src / SCORES_FILE, mmap_mode=mode) if layout == SCORE else np.zeros(0, np.float32),
             offsets=np.load(src / BLOCK_OFFSETS_FILE, mmap_mode=mode), stream=np.load(src / POSTINGS_FILE, mmap_mode=mode),
+            sb_last=np.load(src / SUPERBLOCK_LAST_FILE), sb_max=np.load(src / SUPERBLOCK_MAX_FILE),
+            super_blocks=int(meta.get("superblock", SUPER)),
         )  # fmt: skip
         postings.check(int(meta["num_docs"]))
     if (src / VOCAB_HASH_FILE).is_file():

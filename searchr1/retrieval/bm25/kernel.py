@@ -13,6 +13,12 @@ probed for those. Per-block bounds tighten this (Block-Max MaxScore: Chakrabarti
 ``[cur, R]`` that every term's current block covers, the sum of those blocks' largest scores bounds
 every passage in it; when it is below ``theta`` the whole window is skipped, and the non-essential
 probes of a passage stop as soon as its partial score plus the blocks' bounds left falls below it.
+The window's bound holds for every later candidate inside it, so it is computed once a window (again
+when the essential terms change). Bounds one level up (``bounds``: superblocks of 32 blocks, as
+Lucene's second level of impacts): a cursor moves past a superblock with one comparison, and when a
+block window is skipped the superblock window around it is tried too, skipped whole when its bound
+cannot reach ``theta`` either (Ding & Suel, 2011, "Faster top-k document retrieval using block-max
+indexes": the same bound, one level up).
 
 A passage's score is summed in float64 in the order of decreasing term bounds and rounded to float32,
 as Lucene reports it; the top k are the best by (float32 score desc, row asc), and with ``ties`` also
@@ -159,9 +165,10 @@ def _skip(bound: float, theta: np.float32, ties: bool) -> bool:
 def top_k(
     cols: np.ndarray, counts: np.ndarray, kinds: np.ndarray, w32: np.ndarray, idf32: np.ndarray,
     bounds: np.ndarray, k: int, ties: bool, prune: bool, mode: int, indptr: np.ndarray,
-    bptr: np.ndarray, block_last: np.ndarray, block_max: np.ndarray, rows: np.ndarray,
-    data: np.ndarray, offsets: np.ndarray, words: np.ndarray, stream: np.ndarray, norms: np.ndarray,
-    inv: np.ndarray, num_docs: int,
+    bptr: np.ndarray, block_last: np.ndarray, block_max: np.ndarray, sptr: np.ndarray,
+    sb_last: np.ndarray, sb_max: np.ndarray, super_blocks: int, rows: np.ndarray, data: np.ndarray,
+    offsets: np.ndarray, words: np.ndarray, stream: np.ndarray, norms: np.ndarray, inv: np.ndarray,
+    num_docs: int,
 ) -> tuple[np.ndarray, np.ndarray, bool]:  # fmt: skip
     """(rows, float32 scores, ok) of the ``k`` best passages holding a query term, by score desc then
     row asc (``ties``: and every passage tied with the k-th). ``cols`` are the query's distinct
@@ -170,6 +177,8 @@ def top_k(
     nt = len(cols)
     cur_block = np.empty(nt, np.int64)
     end_block = np.empty(nt, np.int64)
+    cur_sb = np.empty(nt, np.int64)  # the superblock holding cur_block
+    end_sb = np.empty(nt, np.int64)
     dec_block = np.full(nt, -1, np.int64)
     pos = np.zeros(nt, np.int64)
     size = np.zeros(nt, np.int64)
@@ -193,6 +202,7 @@ def top_k(
         if tix[i] >= 0:
             fill_table(table[tix[i]], w32[i], inv)
         cur_block[i], end_block[i] = bptr[t], bptr[t + 1]
+        cur_sb[i], end_sb[i] = sptr[t], sptr[t + 1]
         factor[i] = counts[i] * (1.0 + BOOST_MARGIN) if counts[i] > 1 else 1.0
         acc += bounds[i]
         prefix[i] = acc
@@ -205,14 +215,36 @@ def top_k(
     tn = 0
     neg_inf = np.float32(-np.inf)
 
-    # -- cursors: seek(i, target) puts term i on its first posting with row >= target ---------------
-    def seek(i, target):
+    # -- cursors ---------------------------------------------------------------------------------
+    # shallow(i, target): term i's block that would hold ``target`` (-1: none), moved to without
+    # decoding: superblocks first (one comparison a 4,096 postings), then the blocks of one superblock
+    def shallow(i, target):
+        sb = cur_sb[i]
+        e = end_sb[i]
+        if sb == e:
+            return -1
+        if sb_last[sb] < target:
+            sb += 1
+            while sb < e and sb_last[sb] < target:
+                sb += 1
+            cur_sb[i] = sb
+            if sb == e:
+                cur_block[i] = end_block[i]
+                return -1
+            t = cols[i]
+            first = bptr[t] + (sb - sptr[t]) * super_blocks
+            if cur_block[i] < first:
+                cur_block[i] = first
         b = cur_block[i]
-        e = end_block[i]
-        while b < e and block_last[b] < target:
+        while block_last[b] < target:  # ends inside this superblock: its last row is >= target
             b += 1
         cur_block[i] = b
-        if b == e:
+        return b
+
+    # seek(i, target): term i on its first posting with row >= target (its block decoded)
+    def seek(i, target):
+        b = shallow(i, target)
+        if b < 0:
             doc[i] = END
             return True
         if dec_block[i] != b:
@@ -233,15 +265,6 @@ def top_k(
         doc[i] = buf_docs[i, p]
         return True
 
-    def shallow(i, target):
-        """The block of term i that would hold ``target`` (moved to without decoding), or -1."""
-        b = cur_block[i]
-        e = end_block[i]
-        while b < e and block_last[b] < target:
-            b += 1
-        cur_block[i] = b
-        return b if b < e else -1
-
     def score_of(i):
         return _contribution(kinds[i], buf_vals[i, pos[i]], doc[i], w32[i], idf32[i], counts[i], norms, inv,
                              table, tix[i])
@@ -250,6 +273,7 @@ def top_k(
     for i in range(nt):
         ok = ok and seek(i, 0)
     ne = 0  # terms 0..ne-1 are non-essential
+    win_hi, win_ne, win_bound = np.int64(-1), -1, 0.0  # the window [.., win_hi] and its bound
     while ok:
         theta = hs[0] if hn == k else neg_inf
         if prune and hn == k:
@@ -264,27 +288,45 @@ def top_k(
         if cur == END:
             break
         if prune and hn == k:
-            # the window [cur, r] inside every term's current block: one bound for all of it
-            r = END
-            for i in range(ne, nt):
-                if doc[i] != END:
-                    r = min(r, np.int64(block_last[cur_block[i]]))
-            for i in range(ne):
-                b = shallow(i, cur)
-                if b >= 0:
-                    r = min(r, np.int64(block_last[b]))
-            window = 0.0
-            for i in range(ne, nt):
-                if doc[i] <= r:
-                    window += block_max[cur_block[i]] * factor[i]
-            for i in range(ne):
-                b = cur_block[i]
-                near[i] = block_max[b] * factor[i] if b < end_block[i] else 0.0
-                window += near[i]
-            if _skip(window, theta, ties):
+            if cur > win_hi or ne != win_ne:
+                # the window [cur, r] inside every term's current block: one bound for all of it, and
+                # for every later candidate up to r while the essential terms stay the same
+                r = END
+                for i in range(ne, nt):
+                    if doc[i] != END:
+                        r = min(r, np.int64(block_last[cur_block[i]]))
+                for i in range(ne):
+                    b = shallow(i, cur)
+                    if b >= 0:
+                        r = min(r, np.int64(block_last[b]))
+                window = 0.0
+                for i in range(ne, nt):
+                    if doc[i] <= r:
+                        window += block_max[cur_block[i]] * factor[i]
+                for i in range(ne):
+                    b = cur_block[i]
+                    near[i] = block_max[b] * factor[i] if b < end_block[i] else 0.0
+                    window += near[i]
+                win_hi, win_ne, win_bound = r, ne, window
+            if _skip(win_bound, theta, ties):
+                # nothing in [cur, win_hi] can enter: past it, and past the whole superblock window
+                # [cur, R] when its bound cannot either
+                r = win_hi
+                big = END
+                for i in range(nt):
+                    if cur_sb[i] < end_sb[i] and (i < ne or doc[i] != END):
+                        big = min(big, np.int64(sb_last[cur_sb[i]]))
+                if big > r:
+                    window = 0.0
+                    for i in range(nt):
+                        if cur_sb[i] < end_sb[i] and (i < ne or doc[i] <= big):
+                            window += sb_max[cur_sb[i]] * factor[i]
+                    if _skip(window, theta, ties):
+                        r = big
                 for i in range(ne, nt):
                     if doc[i] <= r:
                         ok = ok and seek(i, r + 1)
+                win_hi = np.int64(-1)
                 continue
         score = 0.0
         for i in range(nt - 1, ne - 1, -1):
@@ -353,8 +395,9 @@ def top_k_batch(
     qptr: np.ndarray, cols: np.ndarray, counts: np.ndarray, kinds: np.ndarray, w32: np.ndarray,
     idf32: np.ndarray, bounds: np.ndarray, k: int, ties: bool, prune: bool, mode: int,
     indptr: np.ndarray, bptr: np.ndarray, block_last: np.ndarray, block_max: np.ndarray,
-    rows: np.ndarray, data: np.ndarray, offsets: np.ndarray, words: np.ndarray, stream: np.ndarray,
-    norms: np.ndarray, inv: np.ndarray, num_docs: int,
+    sptr: np.ndarray, sb_last: np.ndarray, sb_max: np.ndarray, super_blocks: int, rows: np.ndarray,
+    data: np.ndarray, offsets: np.ndarray, words: np.ndarray, stream: np.ndarray, norms: np.ndarray,
+    inv: np.ndarray, num_docs: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:  # fmt: skip
     """``top_k`` of each query ``q`` (its terms at ``qptr[q]:qptr[q+1]`` of the flat arrays): (result
     pointers, rows, scores, ok), query q's hits at ``rptr[q]:rptr[q+1]``."""
@@ -367,8 +410,8 @@ def top_k_batch(
         a, z = qptr[q], qptr[q + 1]
         if z > a:
             r, s, ok = top_k(cols[a:z], counts[a:z], kinds[a:z], w32[a:z], idf32[a:z], bounds[a:z], k, ties,
-                             prune, mode, indptr, bptr, block_last, block_max, rows, data, offsets, words,
-                             stream, norms, inv, num_docs)  # fmt: skip
+                             prune, mode, indptr, bptr, block_last, block_max, sptr, sb_last, sb_max,
+                             super_blocks, rows, data, offsets, words, stream, norms, inv, num_docs)  # fmt: skip
             if not ok:
                 return rptr, out_r[:0], out_s[:0], False
             if n + len(r) > len(out_r):

@@ -3,7 +3,8 @@ an in-memory score matrix (layout RAW) or encoded (layouts TF and SCORE, ``block
 
 Each column's postings are cut into blocks of ``BLOCK``; block ``b`` of column ``t`` is block
 ``bptr[t] + j`` (``bptr`` from the document frequencies), with its last row ``block_last[b]`` and its
-largest score ``block_max[b]``. Encoded blocks are ``offsets[b]:offsets[b+1]`` of one stream of
+largest score ``block_max[b]``; the blocks are grouped into superblocks of ``super_blocks`` with their
+own last row and bound (``bounds``: ``sptr``, ``sb_last``, ``sb_max``). Encoded blocks are ``offsets[b]:offsets[b+1]`` of one stream of
 uint32 words (``stream``), in the format ``blocks`` describes: full blocks bit-packed with a frame
 of reference, a column's shorter last block as varints. Layout SCORE keeps the float32 scores
 uncompressed beside the stream (methods whose scores need exact lengths).
@@ -17,6 +18,7 @@ import numpy as np
 from numba import njit
 
 from searchr1.retrieval.bm25.blocks import BLOCK, RAW, SCORE, TF, decode_block, encode_blocks
+from searchr1.retrieval.bm25.bounds import SUPER, superblock_bounds, superblock_pointers, superblock_problem
 from searchr1.retrieval.bm25.errors import REBUILD, DamagedIndex
 
 _EMPTY_I32 = np.zeros(0, np.int32)
@@ -62,10 +64,23 @@ class Postings:
     offsets: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))
     stream: np.ndarray = field(default_factory=lambda: _EMPTY_U32)
     """uint32 words (``blocks``)."""
+    sb_last: np.ndarray | None = None
+    sb_max: np.ndarray | None = None
+    """The superblocks' last rows and bounds (``bounds``); None: computed here from the blocks'."""
+    super_blocks: int = SUPER
+
+    def __post_init__(self) -> None:
+        if self.sb_last is None or self.sb_max is None:
+            self.sb_last, self.sb_max = superblock_bounds(self.bptr, self.block_last, self.block_max, self.super_blocks)
+
+    @property
+    def sptr(self) -> np.ndarray:
+        """Each column's first superblock (and the count)."""
+        return superblock_pointers(self.bptr, self.super_blocks)
 
     @classmethod
     def from_matrix(
-        cls, indptr: np.ndarray, rows: np.ndarray, data: np.ndarray, col_max: np.ndarray
+        cls, indptr: np.ndarray, rows: np.ndarray, data: np.ndarray, col_max: np.ndarray, super_blocks: int = SUPER
     ) -> Postings:
         """RAW blocks over a score matrix (rows + float32 scores), their bounds computed here: one pass
         over the scores (what loading an index of an earlier version costs)."""
@@ -79,7 +94,8 @@ class Postings:
             block_max = np.maximum.reduceat(data, firsts).astype(np.float32)
         else:
             block_last, block_max = _EMPTY_I32, _EMPTY_F32
-        return cls(RAW, indptr, bptr, block_last, block_max, np.asarray(col_max, np.float32), rows, data)
+        return cls(RAW, indptr, bptr, block_last, block_max, np.asarray(col_max, np.float32), rows, data,
+                   super_blocks=super_blocks)
 
     def check(self, num_docs: int) -> None:
         """Refuse (one line) arrays that do not fit together, before the kernel reads them unchecked."""
@@ -96,6 +112,10 @@ class Postings:
         for bad, why in problems:
             if bad:
                 raise DamagedIndex(f"BM25 index is damaged: {why}; {REBUILD}")
+        problem = superblock_problem(self.bptr, self.block_last, self.block_max, self.sb_last, self.sb_max,
+                                     self.super_blocks)  # fmt: skip
+        if problem is not None:
+            raise DamagedIndex(f"BM25 index is damaged: {problem}; {REBUILD}")
 
     def column(self, t: int) -> tuple[np.ndarray, np.ndarray]:
         """Column ``t``'s rows and stored values (float32 scores, or term frequencies in layout TF)."""
@@ -138,9 +158,11 @@ def decode_column(
 
 
 def encode_postings(
-    indptr: np.ndarray, rows: np.ndarray, tf: np.ndarray, scores: np.ndarray, with_tf: bool
-) -> Postings:
-    """A whole index's postings encoded in memory (layout TF with ``with_tf``, else SCORE)."""
+    indptr: np.ndarray, rows: np.ndarray, tf: np.ndarray, scores: np.ndarray, with_tf: bool,
+    super_blocks: int = SUPER,
+) -> Postings:  # fmt: skip
+    """A whole index's postings encoded in memory (layout TF with ``with_tf``, else SCORE), with
+    superblocks of ``super_blocks`` blocks."""
     indptr = np.asarray(indptr, np.int64)
     df = np.diff(indptr)
     stream, sizes, last, best = encode_blocks(np.asarray(rows, np.int64), np.asarray(tf, np.int64),
@@ -154,4 +176,4 @@ def encode_postings(
         col_max[nonempty] = np.maximum.reduceat(np.asarray(scores, np.float32), indptr[:-1][nonempty])
     data = _EMPTY_F32 if with_tf else np.asarray(scores, np.float32)
     return Postings(TF if with_tf else SCORE, indptr, block_pointers(indptr), last, best, col_max,
-                    data=data, offsets=offsets, stream=stream)  # fmt: skip
+                    data=data, offsets=offsets, stream=stream, super_blocks=super_blocks)  # fmt: skip

@@ -85,7 +85,8 @@ class BM25Retriever(Retriever):
         words = frozen(p.stream, np.uint32)
         self._kernel_arrays = (
             p.mode, *(frozen(a, d) for a, d in ((p.indptr, np.int64), (p.bptr, np.int64), (p.block_last, np.int32),
-                      (p.block_max, np.float32), (p.rows, np.int32), (p.data, np.float32), (p.offsets, np.int64))),
+                      (p.block_max, np.float32), (p.sptr, np.int64), (p.sb_last, np.int32), (p.sb_max, np.float32))),
+            p.super_blocks, *(frozen(a, d) for a, d in ((p.rows, np.int32), (p.data, np.float32), (p.offsets, np.int64))),
             words, words.view(np.uint8), frozen(norms, np.uint8), frozen(inv, np.float32), self._num_docs,
         )  # fmt: skip
         """What ``top_k_batch`` reads of the index: plain read-only arrays of fixed types, so that one

@@ -20,6 +20,10 @@ own, exactly as the rollout encodes them (``EpisodeContext.observation_ids``), s
 A path is cut to ``rollout.max_turns`` searches, and a trajectory longer than ``rollout.max_response_tokens``
 is cut after its last whole turn that fits (``GoldTrajectory.cut``), never mid-turn.
 
+The turn after the first passage is where the policy decides to search again or to answer: its tokens
+after the opening ``<think> {evidence}`` are recorded as ``meta["decision_span"]`` (positions in the
+response), which the warm start may weigh more (``warmstart.decision_weight``).
+
 ``GoldWriter.prefix`` is the gold path up to the end of the first ``<information>``: branched rollouts
 continue from it (``splice``: the prefix joins the continuation as observation tokens, not trained).
 
@@ -137,6 +141,8 @@ class GoldStep:
     documents: list[dict[str, Any]]
     failed: bool = False
     cut: bool = False
+    evidence: str | None = None
+    """The sentence of the previous passages the turn's reasoning quotes (None: none)."""
 
 
 @dataclass
@@ -169,10 +175,20 @@ class GoldWriter:
         try:
             hits = list(self.retriever.search([query], self.topk)[0])
         except Exception:  # a failed search is an observation, as in the rollout
-            return GoldStep(query, turn_ids, list(self.ctx.failed_ids) + notice, [], failed=True)
+            return GoldStep(query, turn_ids, list(self.ctx.failed_ids) + notice, [], failed=True, evidence=evidence)
         obs, cut = self.ctx.observation_ids(hits)
         docs = [h.to_dict() if hasattr(h, "to_dict") else dict(h) for h in hits]
-        return GoldStep(query, turn_ids, obs + notice, docs, cut=cut)
+        return GoldStep(query, turn_ids, obs + notice, docs, cut=cut, evidence=evidence)
+
+    def decision_span(self, turn_ids: Sequence[int], evidence: str | None) -> tuple[int, int] | None:
+        """Where, in a turn after a passage, the decision is written: the tokens after its opening
+        ``<think> {evidence}`` to the end of the turn (`` I should search {q}. </think>\n<search> {q}
+        </search>`` or `` </think>\n<answer> {a} </answer>``); None when the turn does not start with the
+        opening's own tokens."""
+        opening = self.encode(f"{THINK_OPEN} {evidence}" if evidence else THINK_OPEN)
+        if list(turn_ids[: len(opening)]) != opening or len(opening) >= len(turn_ids):
+            return None
+        return len(opening), len(turn_ids)
 
     def steps(self, path: GoldPath) -> tuple[list[GoldStep], bool]:
         """The searches of ``path`` (at most ``max_turns``), each turn's reasoning naming what the previous
@@ -200,10 +216,13 @@ class GoldWriter:
         budget = int(self.config.max_response_tokens)
         traj = Trajectory(prompt_ids=list(prompt_ids), meta={**meta, "guided": "gold"})
         used = 0
+        second_turn: tuple[int, Sequence[int], str | None] | None = None
         for step in steps:
             if used + len(step.turn_ids) + len(step.obs_ids) + 1 > budget:
                 cut = True
                 break
+            if traj.searches == 1:
+                second_turn = (used, step.turn_ids, step.evidence)
             _append(traj, step.turn_ids, Role.GENERATED)
             traj.search_spans.append([used, used + len(step.turn_ids)])
             _append(traj, step.obs_ids, Role.OBSERVATION)
@@ -215,6 +234,8 @@ class GoldWriter:
             traj.search_failures += int(step.failed)
             traj.obs_truncations += int(step.cut)
         if used + len(final) <= budget:
+            if traj.searches == 1:
+                second_turn = (used, final, answer_evidence)
             _append(traj, final, Role.GENERATED)
             traj.turns += 1
             traj.finish_reason = "answer"
@@ -222,6 +243,8 @@ class GoldWriter:
             cut = True
             traj.finish_reason = "truncated"
             traj.truncated = True
+        if second_turn is not None and (span := self.decision_span(second_turn[1], second_turn[2])):
+            traj.meta["decision_span"] = [second_turn[0] + span[0], second_turn[0] + span[1]]
         traj.response_text = self.tokenizer.decode(traj.response_ids, skip_special_tokens=True)
         return GoldTrajectory(traj, cut, steps)
 

@@ -325,6 +325,8 @@ class WarmStartConfig:
     """Training questions used at most (the first N with a gold path; 0 = all)."""
     save_every: int = 10
     """Optimizer steps between checkpoints of the warm start (also written at the end); 0 = only at the end."""
+    decision_weight: float = 1.0
+    """Weight in the loss of the tokens where a gold trajectory decides after its first passage (the turn after it, from the end of its quoted evidence: `I should search ...` or `</think> <answer> ...`); 1 = every generated token alike."""
     holdout: int = 0
     """Training questions held out of the warm start (half single-, half multi-hop, seeded) on which its decision is checked, teacher-forced (searchr1.trainer.warmstart_check); 0 = no check."""
     check_every: int = 10
@@ -346,6 +348,8 @@ class WarmStartConfig:
         for key in ("batch_size", "micro_batch_size"):
             if getattr(self, key) < 1:
                 raise ValueError(f"warmstart.{key} must be >= 1, got {getattr(self, key)}")
+        if not self.decision_weight >= 1.0:
+            raise ValueError(f"warmstart.decision_weight must be >= 1, got {self.decision_weight}")
         if not 0.5 < self.stop_at <= 1.0:
             raise ValueError(f"warmstart.stop_at must be in (0.5, 1], got {self.stop_at}")
         if self.check_every < 1:

@@ -379,3 +379,50 @@ def test_a_resumed_warm_start_keeps_the_best_of_before_the_kill(world, tokenizer
     assert [c["step"] for c in resumed.checks] == [0, 2, 4, 6] and resumed.restore_best() == 2
     kept = _adapter(resumed)
     assert all(torch.equal(kept[k], before.seen[1][k]) for k in kept)
+
+
+def test_the_decision_span_is_the_turn_after_the_first_passage_from_the_end_of_its_evidence(
+    world, tokenizer, bm25, tiny_model_dir, tmp_path
+):
+    cfg = config(world, tiny_model_dir, tmp_path)
+    writer = GoldWriter(tokenizer, cfg.rollout, bm25, 1)
+    prompt = tokenizer.encode("Question: x\n")
+    bridge = writer.trajectory(prompt, gold_path(rlworld.BRIDGE), {}).trajectory
+    single = writer.trajectory(prompt, gold_path(SINGLE), {}).trajectory
+    for traj, expected in ((bridge, "I should search Alice Verdan. </think>\n<search> Alice Verdan </search>"),
+                           (single, "</think>\n<answer> Kessa </answer>")):  # fmt: skip
+        a, b = traj.meta["decision_span"]
+        assert tokenizer.decode(traj.response_ids[a:b]).strip() == expected
+        assert all(r == Role.GENERATED for r in traj.roles[a:b])
+        assert traj.roles[a - 1] == Role.GENERATED and Role.OBSERVATION in traj.roles[:a]  # after a passage
+
+
+def test_the_decision_weight_scales_the_decision_tokens_of_the_loss(world, tokenizer, bm25, tiny_model_dir):
+    from searchr1.models import load_model
+    from searchr1.trainer.warmstart import token_weights
+
+    model = load_model(tiny_model_dir)
+    cfg = config(world, tiny_model_dir, Path("unused"))
+    writer = GoldWriter(tokenizer, cfg.rollout, bm25, 1)
+    trajs = [writer.trajectory(tokenizer.encode("Question: x\n"), gold_path(r), {}).trajectory
+             for r in (rlworld.BRIDGE, SINGLE)]  # fmt: skip
+    exp = build_experience(trajs, [0.0, 0.0], [0, 1], tokenizer.pad_token_id)
+    actor = PolicyLogprobs(model)
+    assert token_weights(trajs, exp, 1.0) is None
+    weights = token_weights(trajs, exp, 5.0)
+    loss = sft_loss(actor, exp, [0, 1], float(weights.sum()), torch.device("cpu"), weights)
+    hand_sum, hand_w = 0.0, 0.0
+    for traj in trajs:
+        ids = torch.tensor([traj.prompt_ids + traj.response_ids])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), -1)
+        a, b = traj.meta["decision_span"]
+        for t, role in enumerate(traj.roles):
+            if role == Role.GENERATED:
+                pos = len(traj.prompt_ids) + t
+                w = 5.0 if a <= t < b else 1.0
+                hand_sum += -w * float(logp[pos - 1, ids[0, pos]])
+                hand_w += w
+    assert loss.item() == pytest.approx(hand_sum / hand_w, rel=1e-5)
+    plain = sft_loss(actor, exp, [0, 1], float(exp.train_mask.sum()), torch.device("cpu"))
+    assert abs(plain.item() - loss.item()) > 1e-4  # the weight changed the loss

@@ -39,16 +39,16 @@ def add_arguments(parser: Any) -> None:
         "--data", choices=("synth", "hotpotqa"), default="synth",
         help="synth (default): the synthetic world; hotpotqa: Search-R1 in miniature on the shared HotpotQA "
         "sample, the rows direct, rag, agent, warm, rl, warm_rl on its test questions (--seeds: warm_rl's RL "
-        "seeds, default 0 1 2; --num-test: test questions, default all 497; --quick: 100 test questions, 96 "
-        "training questions, 3 RL steps, one seed, at most ~20 minutes on 2 cores)",
+        "seeds, default 0 1 2; --num-test: test questions, default all 497; --quick: 100 test questions, 64 "
+        "training questions, 2 RL steps of 4 x 4 trajectories, no validation, one seed)",
     )  # fmt: skip
     parser.add_argument("--rows", nargs="+", choices=ROWS, default=None, metavar="ROW",
                         help=f"--data hotpotqa: run only these rows ({', '.join(ROWS)}; default all); "
                         "rows finished before in --out are kept")  # fmt: skip
     parser.add_argument("--val-questions", type=int, default=None,
-                        help="--data hotpotqa: the validation slice of dev, half of each type (default 64; --quick 16)")  # fmt: skip
+                        help="--data hotpotqa: the validation slice of dev, half of each type (default 64)")  # fmt: skip
     parser.add_argument("--train-questions", type=int, default=None,
-                        help="--data hotpotqa: training questions (default 0: all 529; --quick 96)")  # fmt: skip
+                        help="--data hotpotqa: training questions (default 0: all 529; --quick 64)")  # fmt: skip
     parser.add_argument("--write-results", default=None, metavar="PATH",
                         help="--data hotpotqa: also write the rows, commands, machine and minutes per row to PATH "
                         "(benchmarks/results/hotpotqa_rl.json's shape)")  # fmt: skip

@@ -110,7 +110,7 @@ def test_the_corpus_holds_each_distinct_paragraph_of_the_whole_sample_once(tmp_p
     assert len({p["id"] for p in data.corpus}) == len(data.corpus)
 
 
-def test_a_corpus_missing_a_gold_paragraph_is_named_in_one_line(tmp_path):
+def test_a_corpus_missing_a_gold_paragraph_is_named_in_one_line(tmp_path, tiny_model_dir, capsys, one_thread):
     sample = write_sample(tmp_path / "sample")
 
     def drop_gold(rows: list[dict]) -> None:  # the second gold paragraph of test-2 appears nowhere
@@ -123,7 +123,11 @@ def test_a_corpus_missing_a_gold_paragraph_is_named_in_one_line(tmp_path):
     assert data.missing == [("test-2", "Ada Quorn test2")]
     line = missing_gold_line(data.missing, 15)
     assert line is not None and "\n" not in line
-    assert "test-2" in line and "Ada Quorn test2" in line and "1 gold paragraph of 1 of the 15 questions missing" in line
+    assert (
+        "test-2" in line
+        and "Ada Quorn test2" in line
+        and "1 gold paragraph of 1 of the 15 questions missing" in line
+    )
     assert (
         missing_gold_line(load_demo_data(write_sample(tmp_path / "whole"), val_questions=2).missing, 15)
         is None
@@ -218,9 +222,10 @@ def test_quick_and_overrides_reach_the_recipe_and_the_command_runs_them_again():
     settings = hotpotqa_cli.settings_from_args(
         parser().parse_args(["--data", "hotpotqa", "--quick", "trainer.device=cuda"])
     )
-    assert (settings.seeds, settings.test_questions, settings.train_questions) == ((0,), 100, 96)
+    assert (settings.seeds, settings.test_questions, settings.train_questions) == ((0,), 100, 64)
     cfg = recipe(settings, 0, Path("runs/x"), "instruct_2hop", "smollm2-135m-instruct")
-    assert cfg.trainer.device == "cuda" and cfg.trainer.total_steps == settings.steps == 3
+    assert cfg.trainer.device == "cuda" and cfg.trainer.total_steps == settings.steps == 2
+    assert (cfg.trainer.batch_size, cfg.trainer.val_every, cfg.trainer.keep_best) == (4, 0, "none")
     command = hotpotqa_cli.command_of(settings, Path("runs/x"))
     assert command.startswith("searchr1 demo --data hotpotqa --quick --out runs/x")
     again = hotpotqa_cli.settings_from_args(parser().parse_args(command.split()[2:]))

@@ -155,7 +155,9 @@ def validate(settings: HotpotQASettings) -> Path:
         load_template(settings.template)
     except ValueError as exc:
         raise ValueError(f"--template: {exc}") from None
-    recipe(settings, settings.seeds[0], Path("runs/hotpotqa-check"), settings.template, settings.model)
+    cfg = recipe(settings, settings.seeds[0], Path("runs/hotpotqa-check"), settings.template, settings.model)
+    if {"warm", "warm_rl"} & set(settings.rows) and not cfg.warmstart.enabled:
+        raise ValueError("warmstart.epochs=0: the warm and warm_rl rows need a warm start")
     folder = find_hotpotqa_sample(settings.sample)
     if folder is None:
         raise ValueError(
@@ -212,7 +214,6 @@ class Stage:
 
     def evaluate(self, trainer: Any, mode: str, out_dir: Path) -> dict[str, Any]:
         """The trainer's policy, greedy, on the test questions in ``mode`` (direct | rag | agent)."""
-
         trainer.policy.eval()
         summary = evaluate(
             trainer.engine, self.data.test, tokenizer=trainer.tokenizer, mode=mode,
@@ -258,7 +259,6 @@ def starting_rows(stage: Stage, wanted: Sequence[str], rows: dict[str, Any]) -> 
             stage.log(f"rl: RL from the starting model, seed {seed}")
             run = stage.train(trainer, "rl")
             row = stage.evaluate(trainer, "agent", stage.out / "eval" / "rl")
-
             row = seed_rows({seed: {**row, **run}})
             row["minutes"] = (time.perf_counter() - t) / 60
             rows["rl"] = stage.keep("rl", row)
@@ -278,8 +278,6 @@ def warm_rows(stage: Stage, wanted: Sequence[str], rows: dict[str, Any]) -> None
     t0 = time.perf_counter()
     cfg = recipe(settings, settings.seeds[0], stage.out / "warm", stage.prompt, stage.model_dir,
                  [f"warmstart.out_dir={stage.out / 'warm_start'}"])  # fmt: skip
-    if not cfg.warmstart.enabled:
-        raise ValueError("warmstart.epochs is 0: the warm and warm_rl rows need a warm start")
     gc.collect()
     result = run_warm_start(
         cfg, model=load_model(stage.model_dir), retriever=stage.retriever, train_samples=stage.data.train,
@@ -302,7 +300,7 @@ def warm_rows(stage: Stage, wanted: Sequence[str], rows: dict[str, Any]) -> None
             if k == 0 and "warm" in todo:
                 t = time.perf_counter()
                 row = stage.evaluate(trainer, "agent", stage.out / "eval" / "warm")
-                row["warm_start"] = {k: v for k, v in result.summary.items() if k != "losses"}
+                row["warm_start"] = {key: v for key, v in result.summary.items() if key != "losses"}
                 row["minutes"] = warm_minutes + (time.perf_counter() - t) / 60
                 rows["warm"] = stage.keep("warm", row)
                 stage.log(_line("warm", row))

@@ -2,8 +2,8 @@
 
     searchr1 demo --data hotpotqa                    # six rows on the 497 test questions, 3 RL seeds
     searchr1 demo --data hotpotqa --quick            # 100 test questions, fewer questions and steps, one seed
-    searchr1 demo --data hotpotqa --rows warm warm_rl --seeds 0 1 2 trainer.device=cuda \\
-        --out runs/hotpotqa --write-results benchmarks/results/hotpotqa_rl.json
+    searchr1 demo --data hotpotqa --out runs/hotpotqa trainer.device=cuda --rows warm warm_rl --seeds 0 1 2 \\
+        --write-results benchmarks/results/hotpotqa_rl.json
 
 The synthetic demo's flags that mean nothing here (``--only``, ``--no-control`` ...) are refused in one line,
 and so are these flags without ``--data hotpotqa``. Importing this module does not import torch.
@@ -82,27 +82,24 @@ def settings_from_args(args: argparse.Namespace) -> Any:
 
 
 def command_of(settings: Any, out: Path) -> str:
-    """The command that runs these settings again into ``out`` (the flags that differ from the defaults)."""
+    """The command that runs these settings again into ``out``: the overrides, then the flags that differ from
+    the defaults (``--rows NAME`` may follow)."""
     from searchr1.demo.hotpotqa import HotpotQASettings
 
     base = HotpotQASettings.quick_settings() if settings.quick else HotpotQASettings()
     flags = {"sample": "--hotpotqa-sample", "seeds": "--seeds", "val_questions": "--val-questions",
              "train_questions": "--train-questions", "test_questions": "--num-test", "steps": "--steps",
              "model": "--model", "template": "--template", "algorithm": "--algorithm"}  # fmt: skip
-    argv = [
-        "searchr1",
-        "demo",
-        "--data",
-        "hotpotqa",
-        *(["--quick"] if settings.quick else []),
+    argv = ["searchr1", "demo", "--data", "hotpotqa", *(["--quick"] if settings.quick else [])]
+    argv += [
         "--out",
         str(out),
-    ]
+        *settings.overrides[len(base.overrides) :],
+    ]  # before the flags of several values
     for f in fields(settings):
         value = getattr(settings, f.name)
         if f.name in flags and value != getattr(base, f.name):
             argv += [flags[f.name], *(map(str, value) if isinstance(value, tuple) else [str(value)])]
-    argv += settings.overrides[len(base.overrides) :]
     return shlex.join(argv)
 
 

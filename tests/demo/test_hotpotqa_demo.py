@@ -227,17 +227,18 @@ def test_quick_and_overrides_reach_the_recipe_and_the_command_runs_them_again():
     assert cfg.trainer.device == "cuda" and cfg.trainer.total_steps == settings.steps == 2
     assert (cfg.trainer.batch_size, cfg.trainer.val_every, cfg.trainer.keep_best) == (4, 0, "none")
     command = hotpotqa_cli.command_of(settings, Path("runs/x"))
-    assert command.startswith("searchr1 demo --data hotpotqa --quick --out runs/x")
-    again = hotpotqa_cli.settings_from_args(parser().parse_args(command.split()[2:]))
-    assert again == settings
-    full = hotpotqa_cli.settings_from_args(parser().parse_args(["--data", "hotpotqa", "--seeds", "4", "5"]))
-    assert full.seeds == (4, 5) and full.test_questions == 0 and full.rows == ROWS
-    assert (
-        hotpotqa_cli.settings_from_args(
-            parser().parse_args([*command.split()[2:], "--num-test", "7"])
-        ).test_questions
-        == 7
-    )
+    assert command.startswith("searchr1 demo --data hotpotqa --quick --out runs/x trainer.device=cuda")
+
+    def parsed(command: str) -> Any:
+        return hotpotqa_cli.settings_from_args(parser().parse_args(command.split()[2:]))
+
+    assert parsed(command) == settings
+    full = parsed("searchr1 demo --data hotpotqa --seeds 4 5 --num-test 7 --steps 5 rollout.n=8")
+    assert (full.seeds, full.test_questions, full.steps, full.rows) == ((4, 5), 7, 5, ROWS)
+    assert full.overrides == ["rollout.n=8"] and not full.quick
+    again = hotpotqa_cli.command_of(full, Path("runs/y"))
+    assert parsed(again) == full  # the overrides go before --seeds, which would take them as seeds
+    assert parsed(again + " --rows rl").rows == ("rl",)  # each row's command in the results file
 
 
 @pytest.mark.parametrize(
@@ -251,6 +252,7 @@ def test_quick_and_overrides_reach_the_recipe_and_the_command_runs_them_again():
         (["--data", "hotpotqa", "--val-questions", "0"], "--val-questions"),
         (["--data", "hotpotqa", "rollout.nope=1"], "rollout.nope"),
         (["--data", "hotpotqa", "--model", "/no/such/model"], "--model"),
+        (["--data", "hotpotqa", "warmstart.epochs=0", "--rows", "warm"], "warmstart.epochs=0"),
     ],
 )
 def test_bad_flags_are_one_line_and_leave_nothing_built(tmp_path, argv, named, capsys):

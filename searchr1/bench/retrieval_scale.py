@@ -46,7 +46,7 @@ import numpy as np
 
 from searchr1.bench import BenchResult, format_table
 from searchr1.bench._workload import free_port, sample_corpus, start_server
-from searchr1.retrieval.bm25.files import POSTINGS_FILE
+from searchr1.retrieval.bm25.files import FORMAT, PARAMS_FILE, POSTINGS_FILE
 from searchr1.retrieval.corpus import Document, read_corpus
 from searchr1.retrieval.dense import Encoder, set_search_params
 from searchr1.retrieval.dense_build import DenseIndexSpec, build_from_vectors, read_index
@@ -1035,11 +1035,22 @@ def _folder_gb(path: Path) -> float:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 1e9
 
 
+def stale_bm25(index: Path) -> bool:
+    """Whether ``index`` holds a BM25 index of an earlier format (which this version refuses to load)."""
+    try:
+        return json.loads((index / "bm25" / PARAMS_FILE).read_text()).get("format", 1) != FORMAT
+    except (OSError, ValueError):
+        return False
+
+
 def _bm25_size(n: int, args, workdir: Path, rows: dict, log: Path, seed: int) -> None:
     gen = WikiLikeCorpus(seed=seed)
     corpus, index = workdir / f"corpus_{n}.jsonl", workdir / f"bm25_{n}"
     row = _row(rows, f"bm25:{n}", {"n": n, "kind": "bm25", "dim": None}, args)
     parts = args.parts
+    if "build" in parts and stale_bm25(index):  # a --reuse folder of an earlier version: built again
+        print(f"[{n:,}] bm25: {index} holds an earlier index format; building it again", flush=True)
+        shutil.rmtree(index)
     if "build" in parts and not (args.reuse and (index / "manifest.json").is_file()):
         if not corpus.is_file():
             row["corpus_gen_s"] = write_corpus_file(gen, n, corpus)

@@ -259,3 +259,19 @@ def test_the_kill_part_kills_a_build_in_its_merge_and_finds_the_resumed_files_id
     row = mod.kill_and_resume_bm25(corpus, tmp_path / "whole", tmp_path, 1, 4, tmp_path / "log")
     assert row.get("byte_identical") is True, row
     assert row["index_bytes_written_when_killed"] > 4096 and len(calls) == 1 and row["resume_s"] > 0
+
+
+def test_a_reused_folder_with_an_earlier_bm25_format_is_built_again(tmp_path):
+    """A ``--reuse`` folder of an earlier version holds an index this version refuses to load: the
+    bench sees it (``stale_bm25``) and builds it again instead of failing at the serve step."""
+    from searchr1.bench.retrieval_scale import stale_bm25
+    from searchr1.retrieval.bm25.files import PARAMS_FILE
+    from searchr1.retrieval.corpus import write_corpus
+    from searchr1.retrieval.index import build_index
+
+    docs = list(WikiLikeCorpus(seed=3).passages(0, 200))
+    build_index(write_corpus(docs, tmp_path / "c.jsonl"), tmp_path / "bm25_200", show_progress=False)
+    assert not stale_bm25(tmp_path / "bm25_200") and not stale_bm25(tmp_path / "absent")
+    params = tmp_path / "bm25_200" / "bm25" / PARAMS_FILE
+    params.write_text(json.dumps({**json.loads(params.read_text()), "format": 2}))
+    assert stale_bm25(tmp_path / "bm25_200")

@@ -145,7 +145,7 @@ def _sift_up(hs: np.ndarray, hr: np.ndarray, i: int) -> None:
         i = p
 
 
-@njit(nogil=True, cache=True, inline="always")
+@njit(nogil=True, cache=True)
 def _push(
     hs: np.ndarray, hr: np.ndarray, hn: int, k: int, ts: np.ndarray, tr: np.ndarray, tn: int, s: np.float32,
     row: int, ties: bool,
@@ -174,7 +174,7 @@ def _push(
     return hn, tn
 
 
-@njit(nogil=True, cache=True, inline="always")
+@njit(nogil=True, cache=True)
 def _skip(bound: float, theta: np.float32, ties: bool) -> bool:
     """Whether a passage whose score is at most ``bound`` cannot enter the top k (nor tie the k-th)."""
     b32 = np.float32(bound * (1.0 + MARGIN))

@@ -42,7 +42,7 @@ def _parts(index: Path) -> dict[str, int]:
         rel = p.relative_to(index).as_posix()
         if rel.startswith("docs."):
             out["store"] += p.stat().st_size
-        elif rel.startswith("bm25/") and (p.name.startswith(("postings.", "blocks.", "scores.", "data.csc",
+        elif rel.startswith("bm25/") and (p.name.startswith(("postings.", "blocks.", "superblocks.", "scores.", "data.csc",
                                                               "indices.csc", "indptr.csc"))):  # fmt: skip
             out["postings"] += p.stat().st_size
         else:

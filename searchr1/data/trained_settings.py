@@ -18,14 +18,13 @@ the sampling are the command's own (``eval`` decodes greedily).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from searchr1.data.trained_template import RUN_CONFIG, TEMPLATE_FILE, run_configs
+from searchr1.data.trained_template import RUN_CONFIG, TEMPLATE_FILE, read_export_record, run_configs
 
 SETTING_KEYS: tuple[str, ...] = (
     "retrieval.topk",
@@ -87,11 +86,8 @@ def settings_of_config(config_path: Path) -> TrainedSettings | None:
 
 def _settings_of_export(folder: Path) -> TrainedSettings | None:
     path = folder / TEMPLATE_FILE
-    try:
-        info = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(info, dict):
+    info = read_export_record(folder)
+    if info is None:
         return None
     recorded = info.get("settings")
     if isinstance(recorded, dict):

@@ -103,13 +103,19 @@ def template_of_config(config_path: Path, run_dir: Path | None) -> TrainedTempla
     return TrainedTemplate(str(located), config_path, recorded)
 
 
-def _template_of_export(folder: Path) -> TrainedTemplate | None:
-    path = folder / TEMPLATE_FILE
+def read_export_record(folder: Path) -> dict[str, Any] | None:
+    """The record ``train --export`` wrote into ``folder`` (``TEMPLATE_FILE``); None when absent or unreadable."""
     try:
-        info = json.loads(path.read_text(encoding="utf-8"))
+        info = json.loads((folder / TEMPLATE_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if not isinstance(info, dict):
+    return info if isinstance(info, dict) else None
+
+
+def _template_of_export(folder: Path) -> TrainedTemplate | None:
+    path = folder / TEMPLATE_FILE
+    info = read_export_record(folder)
+    if info is None:
         return None
     template, recorded = info.get("template"), info.get("trained_template")
     if not isinstance(recorded, str) or not recorded:

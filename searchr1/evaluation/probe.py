@@ -43,7 +43,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from searchr1.data.formats import sample_prompt
 from searchr1.data.prompts import ANSWER_OPEN, SEARCH_OPEN
 from searchr1.evaluation.probe_decode import (  # noqa: F401 (the probe's public names, re-exported)
     ContextCache,
@@ -52,7 +51,7 @@ from searchr1.evaluation.probe_decode import (  # noqa: F401 (the probe's public
     decision_point,
     probe_question,
 )
-from searchr1.rollout.gold import ANSWER_SIDE, SEARCH_SIDE, GoldWriter, decision_side, gold_path
+from searchr1.rollout.gold import ANSWER_SIDE, SEARCH_SIDE, GoldWriter, decision_points
 
 
 @dataclass
@@ -73,18 +72,11 @@ def probe_items(
     samples were left out (their passage lacks the answer); samples without a gold path are skipped."""
     items = []
     left_out = 0
-    for sample in samples:
-        path = gold_path(sample)
-        if path is None:
-            continue
-        prefix = writer.prefix(path)
-        side = decision_side(path, prefix.documents)
-        if side is None:
+    for point in decision_points(samples, template, tokenizer, writer):
+        if point.side is None:
             left_out += 1
             continue
-        prompt = tokenizer(sample_prompt(sample, template, tokenizer), add_special_tokens=False)
-        context = list(prompt["input_ids"]) + prefix.turn_ids + prefix.obs_ids
-        items.append(ProbeItem(side, _question(sample), list(path.queries), context))
+        items.append(ProbeItem(point.side, _question(point.sample), list(point.path.queries), point.context))
     return items, left_out
 
 

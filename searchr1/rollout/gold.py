@@ -35,10 +35,11 @@ continue from it (``splice``: the prefix joins the continuation as observation t
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from searchr1.data.formats import sample_prompt
 from searchr1.data.prompts import (
     ANSWER_CLOSE,
     ANSWER_OPEN,
@@ -291,3 +292,34 @@ def splice(
     )
     traj.response_text = tokenizer.decode(traj.response_ids, skip_special_tokens=True)
     return traj
+
+
+@dataclass
+class DecisionPoint:
+    """A question at its decision point: its gold path, its first gold search (``first``: the turn, its real
+    observation and hits), the side of the decision (None: neither side) and ``context``: the prompt's tokens,
+    then the first search turn and its observation (empty when ``side`` is None)."""
+
+    sample: Any
+    path: GoldPath
+    first: GoldStep
+    side: str | None
+    context: list[int]
+
+
+def decision_points(
+    samples: Sequence[Any], template: str, tokenizer: Any, writer: GoldWriter
+) -> Iterator[DecisionPoint]:
+    """The decision point of every sample with a gold path, in order (the decision probe and the warm start's
+    check read the same contexts)."""
+    for sample in samples:
+        path = gold_path(sample)
+        if path is None:
+            continue
+        first = writer.prefix(path)
+        side = decision_side(path, first.documents)
+        context: list[int] = []
+        if side is not None:
+            prompt = tokenizer(sample_prompt(sample, template, tokenizer), add_special_tokens=False)
+            context = [*prompt["input_ids"], *first.turn_ids, *first.obs_ids]
+        yield DecisionPoint(sample, path, first, side, context)

@@ -34,13 +34,13 @@ from typing import Any
 
 import torch
 
-from searchr1.data.formats import sample_kind, sample_prompt
+from searchr1.data.formats import sample_kind
 from searchr1.data.prompts import ANSWER_OPEN, THINK_CLOSE, THINK_OPEN
 from searchr1.rollout.gold import (
     ANSWER_SIDE,
     SEARCH_SIDE,
     GoldWriter,
-    decision_side,
+    decision_points,
     gold_path,
     sentence_naming,
 )
@@ -103,20 +103,14 @@ class DecisionCheck:
         items = []
         search_ids = writer.encode(SEARCH_CONTINUATION)
         answer_ids = writer.encode(ANSWER_CONTINUATION)
-        for sample in samples:
-            path = gold_path(sample)
-            if path is None:
+        for point in decision_points(samples, template, tokenizer, writer):
+            if point.side is None:
                 continue
-            first = writer.prefix(path)
-            side = decision_side(path, first.documents)
-            if side is None:
-                continue
-            phrase = path.queries[1] if side == SEARCH_SIDE else path.answer
-            evidence = sentence_naming(first.documents, phrase)
+            phrase = point.path.queries[1] if point.side == SEARCH_SIDE else point.path.answer
+            evidence = sentence_naming(point.first.documents, phrase)
             opening = f"{THINK_OPEN} {evidence}" if evidence else THINK_OPEN
-            prompt = tokenizer(sample_prompt(sample, template, tokenizer), add_special_tokens=False)["input_ids"]
-            context = [*prompt, *first.turn_ids, *first.obs_ids, *writer.encode(opening)]
-            items.append(CheckItem(side, context, list(search_ids), list(answer_ids)))
+            context = [*point.context, *writer.encode(opening)]
+            items.append(CheckItem(point.side, context, list(search_ids), list(answer_ids)))
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         return cls(items, int(pad or 0), batch_size)
 

@@ -53,6 +53,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
                      "template": "instruct",
                      "set": ["warmstart.epochs=4", "warmstart.max_examples=0", "warmstart.lr=1.0e-3",
                              "warmstart.decision_weight=20", *HOLDOUT]},
+    "zero_e4_dw20_stop": {"about": "zero_e4_dw20 stopped once the held-out decision accuracy reaches 0.97",
+                          "template": "instruct",
+                          "set": ["warmstart.epochs=4", "warmstart.max_examples=0", "warmstart.lr=1.0e-3",
+                                  "warmstart.decision_weight=20", "warmstart.stop_at=0.97", *HOLDOUT]},
 }  # fmt: skip
 
 

@@ -151,7 +151,7 @@ def sft_loss(
     logprobs, _ = actor(mb.input_ids, mb.attention_mask, target_mask=mb.train_mask)
     mask = mb.train_mask.to(torch.float32)
     if weights is not None:
-        mask = mask * weights[rows].to(device)
+        mask = mask * weights[rows, : mask.shape[1]].to(device)  # the sub-batch is trimmed to its own length
     return -(logprobs.float() * mask).sum() / total_tokens
 
 

@@ -426,3 +426,7 @@ def test_the_decision_weight_scales_the_decision_tokens_of_the_loss(world, token
     assert loss.item() == pytest.approx(hand_sum / hand_w, rel=1e-5)
     plain = sft_loss(actor, exp, [0, 1], float(exp.train_mask.sum()), torch.device("cpu"))
     assert abs(plain.item() - loss.item()) > 1e-4  # the weight changed the loss
+    # micro-batches of one row each are trimmed to their own length: they add up to the whole batch's loss
+    assert int(exp.seq_lens[0]) != int(exp.seq_lens[1])
+    parts = sum(sft_loss(actor, exp, [i], float(weights.sum()), torch.device("cpu"), weights) for i in (0, 1))
+    assert parts.item() == pytest.approx(loss.item(), rel=1e-5)

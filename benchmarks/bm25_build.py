@@ -128,6 +128,28 @@ def _run(step: str, code: Path, n: int, corpus: Path, index: Path, workers: int 
     return row
 
 
+def generated_corpus(workdir: str | Path, n: int) -> tuple[Path, Path]:
+    """The work folder (made if missing) and its corpus of ``n`` generated wiki-like passages,
+    ``corpus_<n>.jsonl``, written once; ``benchmarks/bm25_profile.py`` uses it too."""
+    from searchr1.bench.retrieval_scale import WikiLikeCorpus, write_corpus_file
+
+    work = Path(workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    corpus = work / f"corpus_{n}.jsonl"
+    if not corpus.is_file():
+        write_corpus_file(WikiLikeCorpus(seed=0), n, corpus)
+    return work, corpus
+
+
+def nq_queries(n: int, count: int) -> list[str]:
+    """``count`` of the bench's NQ-style queries (seed 1) about the first passages (at most 200,000) of
+    the generated corpus of ``n``."""
+    from searchr1.bench.retrieval_scale import WikiLikeCorpus
+
+    gen = WikiLikeCorpus(seed=0)
+    return gen.queries(list(gen.passages(0, min(n, 200_000))), count, seed=1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=100_000, help="passages (at most 100,000 on a shared machine)")
@@ -145,17 +167,10 @@ def main() -> None:
     if args.child:
         print(json.dumps(_child_build(args) if args.child == "build" else _child_search(args)))
         return
-    from searchr1.bench.retrieval_scale import WikiLikeCorpus, write_corpus_file
-
-    work = Path(args.workdir)
-    work.mkdir(parents=True, exist_ok=True)
-    corpus = work / f"corpus_{args.n}.jsonl"
-    if not corpus.is_file():
-        write_corpus_file(WikiLikeCorpus(seed=0), args.n, corpus)
+    work, corpus = generated_corpus(args.workdir, args.n)
     queries = work / f"queries_{args.n}.json"  # the bench's NQ-style queries, made once
     if not queries.is_file():
-        gen = WikiLikeCorpus(seed=0)
-        queries.write_text(json.dumps(gen.queries(list(gen.passages(0, min(args.n, 200_000))), 1024, seed=1)))
+        queries.write_text(json.dumps(nq_queries(args.n, 1024)))
     revs = dict(r.split("=", 1) for r in args.rev) or {"this": str(ROOT)}
     counts = {k: [int(x) for x in v.split(",")] for k, v in (w.split("=", 1) for w in args.workers)}
     builds = [(label, Path(path).resolve(), w) for label, path in revs.items() for w in counts.get(label, [None])]

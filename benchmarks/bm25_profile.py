@@ -167,17 +167,12 @@ def main() -> None:
     if args.child_build:
         print(json.dumps(_child_build(*args.child_build)))
         return
-    from searchr1.bench.retrieval_scale import WikiLikeCorpus, write_corpus_file
+    from bm25_build import generated_corpus, nq_queries  # benchmarks/: this script's folder
 
-    work = Path(args.workdir)
-    work.mkdir(parents=True, exist_ok=True)
-    corpus = work / f"corpus_{args.n}.jsonl"
-    if not corpus.is_file():
-        write_corpus_file(WikiLikeCorpus(seed=0), args.n, corpus)
+    work, corpus = generated_corpus(args.workdir, args.n)
     queries_file = work / f"queries_{args.n}_{args.nq}_{args.common_queries}.json"
     if not queries_file.is_file():
-        gen = WikiLikeCorpus(seed=0)
-        nq = gen.queries(list(gen.passages(0, min(args.n, 200_000))), args.nq, seed=1)
+        nq = nq_queries(args.n, args.nq)
         queries_file.write_text(json.dumps(nq + _common_queries(args.common_queries, seed=2)))
     queries = json.loads(queries_file.read_text())
     revs = {k: Path(v).resolve() for k, v in (r.split("=", 1) for r in args.rev)} or {"this": ROOT}

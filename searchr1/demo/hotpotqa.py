@@ -204,7 +204,9 @@ class Stage:
 
         if out_dir.exists():
             shutil.rmtree(out_dir)
-        cfg = recipe(self.settings, seed, out_dir, self.prompt, model_dir, [*extra, "warmstart.epochs=0"])
+        # the trainer never runs the warm start itself (``warm_rows`` runs it once, for every seed): the
+        # shared RL_ONLY_OVERRIDES (``warmstart.epochs=0``) turn it off
+        cfg = recipe(self.settings, seed, out_dir, self.prompt, model_dir, [*extra, *RL_ONLY_OVERRIDES])
         trainer = RLTrainer(
             cfg, model=load_model(model_dir), tokenizer=load_tokenizer(model_dir), retriever=self.retriever,
             train_samples=self.data.train, val_samples=self.data.val,

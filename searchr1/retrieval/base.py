@@ -24,7 +24,7 @@ class Hit:
     score: float
     wire: bytes | None = field(default=None, compare=False, repr=False)
     """The document as the retrieval server sends it (``{"id","contents"}`` JSON), where the passage
-    store keeps it (``docstore``): sent as it is, not encoded again. Not part of equality."""
+    store keeps it (``bm25.store``): sent as it is, not encoded again. Not part of equality."""
 
     @property
     def contents(self) -> str:

@@ -1,14 +1,14 @@
 """The streaming build behind ``searchr1 index build``: read once, in chunks, checkpointed, bounded memory.
 
-    corpus --chunks of lines--> workers: parse, analyse, compress (``pass1``)
+    corpus --chunks of lines--> workers: parse, analyse, compress (``bm25.first_pass``)
            --> passage store (docs.zst, compressed passages)          every chunk: fsync, then
            \\-> bm25 runs | dense vectors on disk                       .build/state.json
     end of corpus --> bm25: scores column range by range | dense: train on a sample, add in blocks
                   --> manifest.json, written last (atomically); .build/ removed
 
-The first pass runs on ``workers`` processes (``pass1``); whatever their number, every file written
-is the same byte for byte. Memory: each worker holds one chunk (``chunk_passages`` lines), and no
-more workers are started than ``memory_mb`` holds chunks of (``PASS1_BYTES_PER_PASSAGE``); the
+The first pass runs on ``workers`` processes (``bm25.first_pass``); whatever their number, every file
+written is the same byte for byte. Memory: each worker holds one chunk (``chunk_passages`` lines), and
+no more workers are started than ``memory_mb`` holds chunks of (``PASS1_BYTES_PER_PASSAGE``); the
 final pass merges ``memory_mb`` of postings at a time.
 
 An interrupted build (killed, machine rebooted, disk full) leaves ``.build/state.json`` naming the last
@@ -64,8 +64,8 @@ IDS_FILE = "ids.u64"
 """The hashes of the passage ids read so far (``ids.SeenIds``), in the checkpoint folder."""
 PARTIAL_INDEX = "partial.faiss"
 STORE_SETTING = "zstd-frames"
-"""The passage store a build writes (``docstore``), in the settings: a build interrupted by an earlier
-version (another store, chunks of passages) is not resumed."""
+"""The passage store a build writes (``bm25.store``), in the settings: a build interrupted by an
+earlier version (another store, chunks of passages) is not resumed."""
 PASS1_BYTES_PER_PASSAGE = 6000
 """A pass-1 worker's peak memory a passage of its chunk, beyond its ~110 MB of libraries (measured on
 generated wiki-like passages: 5.8 kB at chunks of 50,000, 7 kB at 10,000)."""
@@ -89,15 +89,15 @@ class BuildRequest:
     """None: refuse when an unfinished build is in ``out``; True: continue it; False: start again."""
     chunk_passages: int = 20_000
     """Lines per chunk (a passage each, or several with ``chunk_size``; fewer when the lines are long,
-    ``pass1.CHUNK_BYTES_PER_PASSAGE``): the unit of memory (one chunk's tokens or vectors), of the
-    workers' tasks and of checkpoints."""
+    ``bm25.first_pass.CHUNK_BYTES_PER_PASSAGE``): the unit of memory (one chunk's tokens or vectors),
+    of the workers' tasks and of checkpoints."""
     workers: int = 1
-    """Processes of the first pass (parse, analyse, compress; ``pass1``); 1: this process. Fewer are
-    started when ``memory_mb`` does not hold a chunk for each. The index does not depend on it. The
-    processes are ``spawn``ed: a script that builds with several needs Python's
+    """Processes of the first pass (parse, analyse, compress; ``bm25.first_pass``); 1: this process.
+    Fewer are started when ``memory_mb`` does not hold a chunk for each. The index does not depend on
+    it. The processes are ``spawn``ed: a script that builds with several needs Python's
     ``if __name__ == "__main__":`` guard around what it runs."""
     memory_mb: float = 512
-    """BM25: the postings merged at a time in the final pass (``bm25_build.BYTES_PER_POSTING`` each);
+    """BM25: the postings merged at a time in the final pass (``bm25.build.BYTES_PER_POSTING`` each);
     with one chunk of the first pass, what bounds the build's memory."""
     dense: dict[str, Any] = field(default_factory=dict)
     """Dense index options: nlist, pq_m, hnsw_m, ef_construction, train_size."""
@@ -329,8 +329,8 @@ def pass1_workers(req: BuildRequest) -> int:
 
 
 def _read_phase(req: BuildRequest, sink, state: BuildState, resumed: bool) -> int:
-    """Stream the corpus chunk by chunk (``pass1``) into the passage store and the sink, checkpointing
-    each chunk; returns the workers used."""
+    """Stream the corpus chunk by chunk (``bm25.first_pass``) into the passage store and the sink,
+    checkpointing each chunk; returns the workers used."""
     if resumed and state.chunks:  # the dictionary written when the build started
         writer = DocStoreWriter(req.out, resume_at=(state.passages, state.docstore_bytes))
     else:

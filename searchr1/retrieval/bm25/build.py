@@ -872,9 +872,9 @@ class BM25StreamBuilder:
 
     def add_chunk(self, chunk, remaining_fraction: float | None = None) -> None:
         """Add the next chunk: passages (a list of ``Document``: analysed and written here), or a chunk
-        whose run ``pass1.analyse_chunk`` wrote already (``pass1.AnalysedChunk``). Either way the run is
-        durable before this returns (a checkpoint may name it next). ``remaining_fraction``: the share
-        of the corpus still to read (for the space a full disk needs)."""
+        whose run ``first_pass.analyse_chunk`` wrote already (``first_pass.AnalysedChunk``). Either way
+        the run is durable before this returns (a checkpoint may name it next). ``remaining_fraction``:
+        the share of the corpus still to read (for the space a full disk needs)."""
         path = run_path(self.workdir, self.chunks)
         error: OSError | None = None
         if isinstance(chunk, list):

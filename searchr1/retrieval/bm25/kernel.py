@@ -119,6 +119,17 @@ def _worse(s1: np.float32, r1: int, s2: np.float32, r2: int) -> bool:
 
 
 @njit(nogil=True, cache=True)
+def _swap_if_worse(hs: np.ndarray, hr: np.ndarray, a: int, b: int) -> bool:
+    """One step of a sift: when hit ``a`` is worse than hit ``b`` (the heap's order: the worse nearer the
+    root), the two swap places; returns whether they did."""
+    if not _worse(hs[a], hr[a], hs[b], hr[b]):
+        return False
+    hs[a], hs[b] = hs[b], hs[a]
+    hr[a], hr[b] = hr[b], hr[a]
+    return True
+
+
+@njit(nogil=True, cache=True)
 def _sift_down(hs: np.ndarray, hr: np.ndarray, n: int, i: int) -> None:
     """Restore the heap (root = the worst hit) below ``i``."""
     while True:
@@ -127,21 +138,18 @@ def _sift_down(hs: np.ndarray, hr: np.ndarray, n: int, i: int) -> None:
             return
         if c + 1 < n and _worse(hs[c + 1], hr[c + 1], hs[c], hr[c]):
             c += 1
-        if not _worse(hs[c], hr[c], hs[i], hr[i]):
+        if not _swap_if_worse(hs, hr, c, i):
             return
-        hs[i], hs[c] = hs[c], hs[i]
-        hr[i], hr[c] = hr[c], hr[i]
         i = c
 
 
 @njit(nogil=True, cache=True)
 def _sift_up(hs: np.ndarray, hr: np.ndarray, i: int) -> None:
+    """Restore the heap above ``i``."""
     while i > 0:
         p = (i - 1) // 2
-        if not _worse(hs[i], hr[i], hs[p], hr[p]):
+        if not _swap_if_worse(hs, hr, i, p):
             return
-        hs[i], hs[p] = hs[p], hs[i]
-        hr[i], hr[p] = hr[p], hr[i]
         i = p
 
 

@@ -103,8 +103,8 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"starting model (default {DEFAULT_MODEL})")
     parser.add_argument(
         "--template",
-        default=DEFAULT_TEMPLATE,
-        help=f"prompt template (data.template; default {DEFAULT_TEMPLATE})",
+        default=None,
+        help=f"prompt template (data.template; default {DEFAULT_TEMPLATE}; with --data hotpotqa instruct_2hop)",
     )
     hotpotqa_cli.add_arguments(parser)
     parser.add_argument("overrides", nargs="*", help="extra dotted key=value overrides of the RL config")
@@ -128,7 +128,7 @@ def settings_from_args(args: argparse.Namespace) -> DemoSettings:
         else args.hotpotqa_questions,
         overrides=[*settings.overrides, *args.overrides],
         model=args.model,
-        template=args.template,
+        template=args.template or DEFAULT_TEMPLATE,
         num_test=settings.num_test if args.num_test is None else args.num_test,
         jobs=args.jobs,
     )

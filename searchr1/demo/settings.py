@@ -16,8 +16,9 @@ PROMPT_FILE = "prompt.json"
 ZERO_SHOT_PROMPT_FILE = "prompt_zero_shot.json"
 NQ_QUESTIONS, NQ_CORPUS = "nq_test_sample.jsonl", "wiki18_sample_corpus.jsonl"
 SUMMARY_FILE = "summary.json"
-DEFAULT_TEMPLATE = "instruct_2hop"
-"""The demo's prompt: Search-R1's instruction and two two-search worked examples."""
+DEFAULT_TEMPLATE = "instruct"
+"""The demo's prompt: Search-R1's instruction alone, no worked examples (the warm start teaches the format; the
+shorter prompt makes each warm-start step cheaper: ``benchmarks/warmstart_sweep.py``)."""
 NO_GUIDANCE_OVERRIDES: tuple[str, ...] = (
     "guidance.off_policy=0",
     "guidance.branched=0",

@@ -141,7 +141,11 @@ def test_only_picks_the_runs_of_a_seed():
         settings = settings_from_args(parser.parse_args(list(argv)))
         return [(r.seed, r.mode) for r in plan_runs(settings, Path("out"), Path("out/prompt.json"))]
 
-    assert modes("--seeds", "0", "1") == [
+    assert modes("--seeds", "0", "1") == [  # the default prompt is the zero-shot one: no second zero-shot run
+        (0, "search"), (0, "no_search"), (0, "rl_only"), (0, "no_guidance"), (0, "outcome_only"),
+        (1, "search"), (1, "no_search"), (1, "rl_only"), (1, "no_guidance"), (1, "outcome_only"),
+    ]  # fmt: skip
+    assert modes("--seeds", "0", "1", "--template", "instruct_2hop") == [
         (0, "search"), (0, "no_search"), (0, "rl_only"), (0, "no_guidance"), (0, "outcome_only"), (0, "zero_shot"),
         (1, "search"), (1, "no_search"), (1, "rl_only"), (1, "no_guidance"), (1, "outcome_only"),
     ]  # fmt: skip
@@ -150,7 +154,9 @@ def test_only_picks_the_runs_of_a_seed():
     ]  # fmt: skip
     assert modes("--only", "no_search") == [(0, "no_search"), (1, "no_search"), (2, "no_search")]
     assert modes("--quick") == [(0, "search")]
-    assert modes("--quick", "--only", "search", "zero_shot") == [(0, "search"), (0, "zero_shot")]
+    assert modes("--quick", "--only", "search", "zero_shot", "--template", "instruct_2hop") == [
+        (0, "search"), (0, "zero_shot")
+    ]  # fmt: skip
     assert modes("--only", "no_guidance", "--seeds", "7") == [(7, "no_guidance")]
     assert modes("--only", "rl_only", "--seeds", "7") == [(7, "rl_only")]
 

@@ -17,10 +17,11 @@ from searchr1.demo import settings as demo_settings
 TINY = [
     "--seeds", "3", "--num-test", "4", "--template", "base", "--no-zero-shot", "--nq-sample", "",
     "--hotpotqa-sample", "", "--threads", "1", "trainer.batch_size=2", "trainer.mini_batch_size=2", "rollout.n=3",
-    "rollout.max_turn_tokens=16", "trainer.progress_bar=false",
+    "rollout.max_turn_tokens=16", "trainer.progress_bar=false", "warmstart.epochs=0.5",
 ]  # fmt: skip
-"""A demo of one seed, 4 test questions, 2 RL steps of 2 x 3 trajectories (add --model; groups of 3: the
-recipe's guidance takes two places of a failed group)."""
+"""A demo of one seed, 4 test questions, a warm start of half a pass (10 steps, checked at 0, 5 and 10), 2 RL
+steps of 2 x 3 trajectories (add --model; groups of 3: the recipe's guidance takes two places of a failed
+group)."""
 
 
 def flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

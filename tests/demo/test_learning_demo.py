@@ -54,7 +54,7 @@ def tiny_settings(model_dir, hotpotqa_folder) -> DemoSettings:
         num_test=4,
         model=str(model_dir),
         template="base",
-        zero_shot_template="base",
+        zero_shot_template="instruct",  # differs from the run's prompt: the zero-shot run is planned
         nq_sample=str(nq_folder) if nq_folder else "",
         hotpotqa_sample=str(hotpotqa_folder),
         overrides=TINY_RL,

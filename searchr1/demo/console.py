@@ -75,11 +75,11 @@ def _table_row(seed: str, label: str, r: dict[str, Any], p: str, after: str) -> 
         for key in ("probe_search", "probe_answer", "decision")
     )
     guided = r.get(p + "guided_share", 0.0) if after == "after" else 0.0
-    minutes = get("seconds") / 60 if after == "after" else math.nan
+    minutes = f"{get('seconds') / 60:>5.1f}" if after == "after" else f"{'-':>5}"  # the run's, on its last line
     return (
         f"{seed:>4}  {label:<16} {r[p + 'em_before']:>9.3f} {get(f'em_{after}'):>9.3f} "
         f"{get(f'em_single_{after}'):>6.3f} {get(f'em_multi_{after}'):>6.3f} {single:>15} {multi:>14} "
-        f"{probe} {guided:>6.2f} {get(f'valid_format_{after}'):>5.2f} {minutes:>5.1f}"
+        f"{probe} {guided:>6.2f} {get(f'valid_format_{after}'):>5.2f} {minutes}"
     )
 
 

@@ -72,6 +72,7 @@ HOTPOTQA_TEMPLATE = "instruct_2hop"
 """The real-data run's prompt: Search-R1's instruction and two two-search worked examples (its budgets in
 ``configs/hotpotqa_rl.yaml`` were measured with it)."""
 
+
 @dataclass
 class HotpotQASettings:
     """One HotpotQA demo (``quick_settings``: fewer questions and steps, one seed)."""

@@ -214,18 +214,20 @@ def test_before_after_joins_questions_and_trajectories_by_index(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.learning
-@pytest.mark.timeout(1200)
-def test_quick_demo_reward_rises(tmp_path):
-    """``searchr1 demo --quick`` (seed 0, SmolLM2-135M-Instruct): the smoothed training reward ends
-    above where it began, and held-out EM after RL is not below EM before (a statistical claim about
-    one seed of RL: marked ``learning``)."""
+@pytest.mark.timeout(3600)
+def test_quick_demo_learns_to_search(tmp_path):
+    """``searchr1 demo --quick`` (seed 0, SmolLM2-135M-Instruct, ~30 minutes on 2 AVX2 cores): the warm start,
+    stopped by its held-out check, lifts held-out EM far above the starting model's and searches on two-hop
+    questions more than on one-hop ones; the policy that ships (after RL, or the warm start when validation
+    keeps it) is not below the warm start (a statistical claim about one seed: marked ``learning``; measured:
+    EM 0.000 -> 0.958, searches 1.03 / 1.92, benchmarks/results/demo_quick_r7.json)."""
     settings = DemoSettings.quick_settings()
     summary = run_learning_demo(tmp_path, settings, log=lambda s: None)
     run = summary["seeds"]["0"]["runs"]["search"]
-    curve = run["reward_curve"]
-    assert len(curve) == run["steps"] >= 4
-    assert curve[-1] > curve[0]
-    assert run["after"]["em"] >= run["before"]["em"]
+    assert run["warm"]["em"] >= run["before"]["em"] + 0.5
+    hops = run["by_hops_warm"]
+    assert hops["multi-hop"]["searches_after"] > hops["single-hop"]["searches_after"]
+    assert run["after"]["em"] >= run["warm"]["em"]
     assert run["after"]["searches"] >= 0.5
 
 

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import torch
+from warmstart_sweep import FORBIDDEN_SEEDS  # the demo's seeds, never tuned on (same folder)
 
 from searchr1.demo.runs import _read_jsonl, build_bm25, build_world, demo_trainer
 from searchr1.demo.settings import DemoSettings, write_prompt
@@ -29,7 +30,6 @@ KEEP = (
     "val/single-hop/searches",
     "val/multi-hop/searches",
 )
-FORBIDDEN_SEEDS = {0, 1, 2, 7, 8, 11, 23}
 
 
 def main(argv: list[str] | None = None) -> int:

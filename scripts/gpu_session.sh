@@ -5,7 +5,11 @@
 # ("A GPU session").
 #
 #   bash scripts/gpu_session.sh --prepare        # here, before the session: wheels/ for the GPU image
-#   OUT=/some/dir bash scripts/gpu_session.sh    # on the GPU machine (the device tool sets $OUT)
+#   OUT=/some/dir bash scripts/gpu_session.sh    # on the GPU machine (the device tool sets $OUT): the check,
+#                                                # a tiny demo on CUDA, the bench (first call: wheels/ and
+#                                                # wheels-gguf-a/ carried)
+#   OUT=/some/dir bash scripts/gpu_session.sh demos   # second call (wheels-gguf-b/ and shared/ carried): the
+#                                                # demo's seeds 0-2, every run, and the HotpotQA rows on the card
 #
 # The GPU image has torch 2.11 and transformers 5.17 but lacks gguf, PyStemmer, orjson and bm25s (and TRL):
 # --prepare downloads their wheels into wheels/ (gitignored; carry it), the session installs them with
@@ -48,6 +52,7 @@ if [ -z "${OUT:-}" ]; then
   echo "gpu_session.sh: set OUT to the folder for logs and JSON (the device tool sets it)" >&2
   exit 2
 fi
+PART=${1:-bench}
 mkdir -p "$OUT"
 START=$(date +%s)
 left() { echo $((SESSION_LIMIT - ($(date +%s) - START))); }
@@ -72,6 +77,60 @@ for m in orjson Stemmer gguf bm25s trl accelerate datasets peft; do
   $PY -c "import $m" 2>/dev/null && log "import $m: ok" || log "import $m: MISSING"
 done
 
+if [ "$PART" = "demos" ]; then
+  # Everything at once on the one card, each job pinned to its own cores, every job stopped DEMO_MARGIN s
+  # before SESSION_LIMIT; the work folder (logs, rows, summaries; no weights) is packed into $OUT/work.tgz
+  # every 20 s, so a job cut short still brings back what it finished.
+  W=/tmp/gpuwork
+  mkdir -p "$W"
+  MARGIN=${DEMO_MARGIN:-25}
+  T=$(( $(left) - MARGIN ))
+  pack() {
+    tar czf "$OUT/work.tgz.tmp" -C "$W" --exclude='*.safetensors' --exclude='*.bin' --exclude='*.pt' \
+      --exclude='*.gguf' --exclude='*.npy' --exclude='*.npz' --exclude='index' --exclude='world' \
+      --exclude='corpus.jsonl' . 2>/dev/null \
+      && mv "$OUT/work.tgz.tmp" "$OUT/work.tgz"
+  }
+  ( while sleep 20; do pack; done ) &
+  packer=$!
+  S=shared/data
+  # job: NAME CORES COMMAND...; a job that fails within 90 s is run again with the CUDA graphs off
+  job() {
+    local name=$1 cores=$2; shift 2
+    local t0; t0=$(date +%s)
+    [ "$(nproc)" -ge 16 ] || cores="0-$(( $(nproc) - 1 ))"  # a smaller machine (a dry run): every core
+    timeout --kill-after=5 "$T" taskset -c "$cores" "$PY" -m searchr1 "$@" >"$W/$name.log" 2>&1
+    local rc=$?
+    if [ "$rc" -ne 0 ] && [ $(( $(date +%s) - t0 )) -lt 90 ]; then
+      log "$name: exit $rc after $(( $(date +%s) - t0 ))s; again with rollout.cuda_graphs=off"
+      mv "$W/$name.log" "$W/$name.first.log"
+      timeout --kill-after=5 "$(( $(left) - MARGIN ))" taskset -c "$cores" "$PY" -m searchr1 "$@" \
+        rollout.cuda_graphs=off >"$W/$name.log" 2>&1
+      rc=$?
+    fi
+    log "$name: exit $rc after $(( $(date +%s) - t0 ))s"
+  }
+  log "demos (limit ${T}s each): demo seeds 0-2, every run (15 workers), on cores 0-12; HotpotQA rows on 13, 14, 15"
+  H=(demo --data hotpotqa --seeds 0 1 2 --threads 1 --hotpotqa-sample "$S/hotpotqa-sample")
+  D=(trainer.device=cuda ${DEMO_OVERRIDES:-})  # the overrides last (the retry appends one more)
+  job demo 0-12 demo --seeds 0 1 2 --jobs 15 --threads 1 --out "$W/demo" --nq-sample "$S/flashrag-sample" \
+    --hotpotqa-sample "$S/hotpotqa-sample" ${DEMO_FLAGS:-} "${D[@]}" &
+  p1=$!
+  job hotpotqa_warm 13 "${H[@]}" --rows warm warm_rl --out "$W/hotpotqa_warm" --write-results "$W/hotpotqa_warm.json" ${HOTPOTQA_FLAGS:-} "${D[@]}" &
+  p2=$!
+  job hotpotqa_start 14 "${H[@]}" --rows direct rag agent --out "$W/hotpotqa_start" --write-results "$W/hotpotqa_start.json" ${HOTPOTQA_FLAGS:-} "${D[@]}" &
+  p3=$!
+  job hotpotqa_rl 15 "${H[@]}" --rows rl --out "$W/hotpotqa_rl" --write-results "$W/hotpotqa_rl.json" ${HOTPOTQA_FLAGS:-} "${D[@]}" &
+  p4=$!
+  ( while sleep 60; do log "gpu: $(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader 2>&1 | head -1)"; done ) &
+  smi=$!
+  wait "$p1" "$p2" "$p3" "$p4"
+  kill "$packer" "$smi" 2>/dev/null
+  pack
+  log "done: $(du -h "$OUT/work.tgz" | cut -f1) packed"
+  exit 0
+fi
+
 # 2. the GPU check (parts 8 and 9: CUDA graphs against eager decode, one step with graphs on)
 t=$(( $(left) < CHECK_LIMIT ? $(left) : CHECK_LIMIT ))
 if [ "$t" -lt 30 ]; then
@@ -81,6 +140,19 @@ else
   timeout --kill-after=10 "$t" "$PY" scripts/gpu_check.py >"$OUT/gpu_check.log" 2>&1
   log "gpu check: exit $? ($(grep -c '^PASS' "$OUT/gpu_check.log") PASS, $(grep -c '^FAIL' "$OUT/gpu_check.log") FAIL, $(grep -c '^SKIP' "$OUT/gpu_check.log") SKIP)"
   grep -E '^(PASS|FAIL|SKIP)' "$OUT/gpu_check.log" | tee -a "$OUT/session.log"
+fi
+
+# 2b. a tiny demo on CUDA (a random tiny model built here: the warm start, its checks, 2 RL steps with the
+#     CUDA graphs, the evaluations): the demo's path on the card before a call spends minutes on it
+t=$(( $(left) < 90 ? $(left) : 90 ))
+if [ "$t" -ge 30 ]; then
+  "$PY" -c "import sys; sys.path.insert(0, 'tests'); from conftest import TINY_TEXTS; from tinymodel import save_tiny_checkpoint; save_tiny_checkpoint('/tmp/tiny-model', TINY_TEXTS, seed=0, vocab_size=512)" >"$OUT/demo_smoke.log" 2>&1
+  timeout --kill-after=10 "$t" "$PY" -m searchr1 demo --out /tmp/demo-smoke --model /tmp/tiny-model --seeds 3 \
+    --num-test 4 --template base --no-zero-shot --nq-sample '' --hotpotqa-sample '' --only search --steps 2 \
+    trainer.batch_size=2 trainer.mini_batch_size=2 rollout.n=3 rollout.max_turn_tokens=16 \
+    trainer.progress_bar=false warmstart.epochs=0.5 trainer.device=cuda >>"$OUT/demo_smoke.log" 2>&1
+  log "tiny demo on CUDA: exit $? ($(grep -c 'Traceback' "$OUT/demo_smoke.log") tracebacks)"
+  grep -E 'Error|after:' "$OUT/demo_smoke.log" | tail -4 | tee -a "$OUT/session.log"
 fi
 
 # 3. the bench, one shape per run (a run that times out loses only its own shape; each finished row is

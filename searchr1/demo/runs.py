@@ -51,6 +51,7 @@ from searchr1.demo.settings import (
     NQ_CORPUS,
     NQ_QUESTIONS,
     RL_ONLY_OVERRIDES,
+    RUN_ROW_FILE,
     SUMMARY_FILE,
     ZERO_SHOT_PROMPT_FILE,
     DemoSettings,
@@ -492,10 +493,13 @@ def execute_run(
     torch.manual_seed(spec.seed)
     log(f"seed {spec.seed}: RL with {spec.label}")
     prefix = f"[{name}] " if parallel else ""
-    return one_run(
-        settings, spec.seed, model_dir, files, retriever, out / f"seed_{spec.seed}" / spec.mode, spec.prompt,
+    run_dir = out / f"seed_{spec.seed}" / spec.mode
+    row = one_run(
+        settings, spec.seed, model_dir, files, retriever, run_dir, spec.prompt,
         lambda line: log(prefix + line), real={k: v for k, v in real.items() if v is not None}, extra=extra,
     )  # fmt: skip
+    (run_dir / RUN_ROW_FILE).write_text(json.dumps(row, indent=2) + "\n")  # each run's row as it lands
+    return row
 
 
 def _pin_worker(cores: Any) -> None:

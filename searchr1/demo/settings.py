@@ -16,6 +16,8 @@ PROMPT_FILE = "prompt.json"
 ZERO_SHOT_PROMPT_FILE = "prompt_zero_shot.json"
 NQ_QUESTIONS, NQ_CORPUS = "nq_test_sample.jsonl", "wiki18_sample_corpus.jsonl"
 SUMMARY_FILE = "summary.json"
+RUN_ROW_FILE = "row.json"
+"""Each run's row in its own folder, written as the run ends (so a run cut short keeps the runs it finished)."""
 DEFAULT_TEMPLATE = "instruct"
 """The demo's prompt: Search-R1's instruction alone, no worked examples (the warm start teaches the format; the
 shorter prompt makes each warm-start step cheaper: ``benchmarks/warmstart_sweep.py``)."""

@@ -51,6 +51,7 @@ def test_the_demo_command_writes_summary_json_with_both_ablations(tmp_path, tiny
     assert list(row["runs"]) == ["search", "no_search", "rl_only", "no_guidance", "outcome_only"]
     for mode, run in row["runs"].items():
         assert run["steps"] == 2 and len(run["reward_curve"]) == 2, mode
+        assert json.loads((out / "seed_3" / mode / "row.json").read_text()) == run, mode  # written as it landed
         for when in ("before", "after"):  # the numbers are those of the evaluation files
             recs = records(out / "seed_3" / mode / f"eval_{when}" / "trajectories.jsonl")
             assert len(recs) == 4

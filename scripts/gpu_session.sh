@@ -79,17 +79,18 @@ done
 
 if [ "$PART" = "demos" ]; then
   # Everything at once on the one card, each job pinned to its own cores, every job stopped DEMO_MARGIN s
-  # before SESSION_LIMIT; the work folder (logs, rows, summaries; no weights) is packed into $OUT/work.tgz
+  # before SESSION_LIMIT; the work folder (logs, rows, summaries; no weights) is packed into $OUT/work.tgz.part* (join with cat)
   # every 20 s, so a job cut short still brings back what it finished.
   W=/tmp/gpuwork
   mkdir -p "$W"
   MARGIN=${DEMO_MARGIN:-25}
   T=$(( $(left) - MARGIN ))
-  pack() {
-    tar czf "$OUT/work.tgz.tmp" -C "$W" --exclude='*.safetensors' --exclude='*.bin' --exclude='*.pt' \
-      --exclude='*.gguf' --exclude='*.npy' --exclude='*.npz' --exclude='index' --exclude='world' \
-      --exclude='corpus.jsonl' . 2>/dev/null \
-      && mv "$OUT/work.tgz.tmp" "$OUT/work.tgz"
+  pack() {  # text only (no weights, worlds or corpora), in parts of 15 MB: a call brings back 8 files of <= 16 MiB
+    (cd "$W" && find . -type f \( -name '*.json' -o -name '*.jsonl' -o -name '*.log' -o -name '*.yaml' \) \
+      ! -path '*/world/*' ! -path '*/data/*' ! -path '*/checkpoints/*' ! -path '*/model/*' -size -50M) >/tmp/pack.list
+    tar czf /tmp/work.tgz -C "$W" -T /tmp/pack.list 2>/dev/null || return
+    rm -f "$OUT"/work.tgz.part*
+    split -b 15M -d -a 1 /tmp/work.tgz "$OUT/work.tgz.part"  # join: cat work.tgz.part* > work.tgz
   }
   ( while sleep 20; do pack; done ) &
   packer=$!
@@ -127,7 +128,7 @@ if [ "$PART" = "demos" ]; then
   wait "$p1" "$p2" "$p3" "$p4"
   kill "$packer" "$smi" 2>/dev/null
   pack
-  log "done: $(du -h "$OUT/work.tgz" | cut -f1) packed"
+  log "done: $(du -ch "$OUT"/work.tgz.part* | tail -1 | cut -f1) packed in $(ls "$OUT"/work.tgz.part* | wc -l) parts"
   exit 0
 fi
 

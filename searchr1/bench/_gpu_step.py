@@ -15,7 +15,7 @@ sampled: random weights would end at random lengths), sampling at temperature 0.
 does not speak Search-R1's tags, as on the CPU row), LoRA r 16 (alpha 32) on every linear layer, bfloat16,
 no KL, one optimizer step. A tokenizer of one word per id (``t17`` is id 17) gives TRL the same prompt ids.
 
-Rows, each in a fresh process, one measured step after a warm-up step:
+Rows, each in a fresh process, one measured step after a warm-up step of the same work:
 
 * ``ours``: the rollout engine's decoder (``SlotBatch``: merged LoRA weights, the shared prefix stored once,
   CUDA graphs per row bucket, ``rollout.cuda_graphs=auto``) and sampler (on the device, one read of the
@@ -333,7 +333,9 @@ def run_ours_row(shape: str, work: Workload, device: str, graphs: bool) -> dict[
         _sync(device)
         return t1 - t0, time.perf_counter() - t1, generated, counts
 
-    step(prompts[: work.samples])  # warm-up on one group: kernels, allocator, graphs of the small buckets
+    # warm-up on the whole batch: the measured step then captures no CUDA graph and meets no new shape (a
+    # warm-up on one group left the 64-row bucket's capture inside the first H200 figure, 2026-11-28)
+    step(prompts)
     counter.reset()
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()

@@ -18,10 +18,9 @@ import time
 from pathlib import Path
 
 import torch
-from warmstart_sweep import FORBIDDEN_SEEDS  # the demo's seeds, never tuned on (same folder)
+from warmstart_sweep import FORBIDDEN_SEEDS, tuning_world  # the demo's seeds, never tuned on (same folder)
 
-from searchr1.demo.runs import _read_jsonl, build_bm25, build_world, demo_trainer
-from searchr1.demo.settings import DemoSettings, write_prompt
+from searchr1.demo.runs import demo_trainer
 
 KEEP = (
     "val/em",
@@ -49,11 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(args.runs) / args.name / f"seed_{args.seed}"
     root.mkdir(parents=True, exist_ok=True)
     warm = Path(args.sweep_runs) / args.variant / f"seed_{args.seed}" / "run" / "warmstart" / "model"
-    settings = DemoSettings(seeds=(args.seed,), num_test=48, template="instruct")
-    _, files = build_world(args.seed, settings, root / "world")
-    prompt = write_prompt(root, "instruct")
-    retriever = build_bm25(files["corpus"])
-    train, val = _read_jsonl(files["train"]), _read_jsonl(files["val"])
+    settings, prompt, retriever, (train, val, _) = tuning_world(args.seed, root, "instruct", num_test=48)
     torch.manual_seed(args.seed)
     t0 = time.perf_counter()
     extra = ["warmstart.epochs=0", "trainer.progress_bar=false", *args.overrides]

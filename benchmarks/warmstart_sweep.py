@@ -64,30 +64,33 @@ def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
+def tuning_world(seed: int, out: Path, template: str, num_test: int) -> tuple[Any, Path, Any, tuple[list, ...]]:
+    """A tuning seed's world under ``out`` as the demo builds it: the demo's settings for the seed, the prompt
+    file, BM25 over the world's corpus, and its train / val / test rows (test cut to ``num_test``)."""
+    from searchr1.demo.runs import build_bm25, build_world, read_jsonl
+    from searchr1.demo.settings import DemoSettings, write_prompt
+
+    if seed in FORBIDDEN_SEEDS:
+        raise ValueError(f"seed {seed} is one of the demo's: tune on others")
+    settings = DemoSettings(seeds=(seed,), num_test=num_test, template=template)
+    _, files = build_world(seed, settings, out / "world")
+    prompt = write_prompt(out, template)
+    splits = tuple(read_jsonl(files[k]) for k in ("train", "val", "test"))
+    return settings, prompt, build_bm25(files["corpus"]), (splits[0], splits[1], splits[2][:num_test])
+
+
 def run_row(name: str, seed: int, runs: Path, num_test: int) -> dict[str, Any]:
     """One (variant, seed): the warm start alone, its policy evaluated and probed."""
     import torch
 
-    from searchr1.demo.runs import (
-        _probe,
-        _read_jsonl,
-        _warm_started,
-        build_bm25,
-        build_world,
-        evaluate_policy,
-    )
-    from searchr1.demo.settings import DemoSettings, resolve_starting_model, rl_config, write_prompt
+    from searchr1.demo.runs import _probe, _warm_started, evaluate_policy
+    from searchr1.demo.settings import resolve_starting_model, rl_config
     from searchr1.demo.summary import hops_of, overall, per_group
 
     spec = VARIANTS[name]
     out = runs / name / f"seed_{seed}"
     out.mkdir(parents=True, exist_ok=True)
-    settings = DemoSettings(seeds=(seed,), num_test=num_test, template=spec["template"])
-    _, files = build_world(seed, settings, out / "world")
-    prompt = write_prompt(out, spec["template"])
-    retriever = build_bm25(files["corpus"])
-    train, val, test = (_read_jsonl(files[k]) for k in ("train", "val", "test"))
-    test = test[:num_test]
+    settings, prompt, retriever, (train, val, test) = tuning_world(seed, out, spec["template"], num_test)
     model_dir = resolve_starting_model(settings.model)
     extra = list(spec["set"])
     cfg = rl_config(settings, seed, out / "run", prompt, model_dir, extra)

@@ -189,7 +189,8 @@ def _warm_started(
     return warm
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The rows of a JSON-lines file (a world's split)."""
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
@@ -211,9 +212,9 @@ def one_run(
     too (``eval_<name>_before`` / ``_after``)."""
     t0 = time.perf_counter()
     real = real or {}
-    train = _read_jsonl(world_files["train"])
-    val = _read_jsonl(world_files["val"])
-    test = _read_jsonl(world_files["test"])[: settings.num_test]
+    train = read_jsonl(world_files["train"])
+    val = read_jsonl(world_files["val"])
+    test = read_jsonl(world_files["test"])[: settings.num_test]
     trainer = demo_trainer(settings, seed, model_dir, retriever, train, val, out, prompt_path, extra)
     read = {"before": policy_fingerprint(trainer.policy)}  # the policy each evaluation read
     evals = {"before": evaluate_policy(trainer, test, out / "eval_before", str(prompt_path), seed)}

@@ -8,7 +8,8 @@ beyond the standard library and pyserini. ``python pyserini_peer.py TASK.json`` 
 be returned with their passage, as Search-R1's server does; ``-threads`` the bench's threads), unless
 the index is there, then times ``LuceneSearcher.batch_search`` (k1 0.9, b 0.4: its defaults) over the
 queries in batches, with the same threads, after one untimed pass over them (the JIT's warm-up), and prints one JSON line: build seconds, index bytes,
-queries/s, and every query's top-k ids.
+queries/s, and every query's top-k ids. With ``per_query`` (a list of query indices) in the task it times
+``LuceneSearcher.search`` one query at a time instead (``benchmarks/bm25_slowest.py``).
 """
 
 from __future__ import annotations
@@ -64,6 +65,10 @@ def run(task: dict) -> dict:
     out["index_bytes"] = folder_bytes(index)
     queries = [json.loads(line)["query"] for line in Path(task["queries"]).read_text().splitlines() if line]
     searcher = LuceneSearcher(str(index))
+    if task.get("per_query"):
+        out.update(per_query(searcher, queries, task["per_query"], k, int(task.get("repeats", 3))))
+        searcher.close()
+        return out
     qids = [str(i) for i in range(len(queries))]
     for lo in range(0, len(queries), batch):  # warm-up: one whole pass, so the JIT has compiled the search
         searcher.batch_search(queries[lo : lo + batch], qids[lo : lo + batch], k=k, threads=threads)
@@ -76,6 +81,22 @@ def run(task: dict) -> dict:
     out["top_ids"] = [found[q] for q in qids]
     searcher.close()
     return out
+
+
+def per_query(searcher, queries: list[str], timed: list[int], k: int, repeats: int) -> dict:
+    """Seconds of ``searcher.search`` (one thread) per query of ``timed`` (indices into ``queries``): the
+    fastest of ``repeats`` rounds, after one untimed pass over every query (the JIT's warm-up)."""
+    for q in queries:
+        searcher.search(q, k=k)
+    best = [float("inf")] * len(timed)
+    top: list[list[str]] = [[] for _ in timed]
+    for _ in range(repeats):
+        for j, i in enumerate(timed):
+            t = time.perf_counter()
+            hits = searcher.search(queries[i], k=k)
+            best[j] = min(best[j], time.perf_counter() - t)
+            top[j] = [h.docid for h in hits]
+    return {"per_query_s": best, "per_query_top_ids": top}
 
 
 if __name__ == "__main__":

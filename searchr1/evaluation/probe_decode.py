@@ -3,8 +3,9 @@ log P(<search>) / log P(<answer>) there (what ``searchr1.evaluation.probe`` aver
 
 Per context ``x`` (a prompt and the gold prefix up to the end of the first ``<information>``):
 
-1. the greedy turn ``y``: ``y_t = argmax_v logits(x, y_<t)[v]`` until the end-of-sequence token or
-   ``max_tokens`` tokens;
+1. the greedy turn ``y``: ``y_t = argmax_v logits(x, y_<t)[v]`` until it has opened ``<search>`` or
+   ``<answer>`` (nothing after the tag changes what follows: the decision point lies before it), the
+   end-of-sequence token, or ``max_tokens`` tokens;
 2. its decision point ``k`` (``decision_point``): the tokens ``y_<k`` before the token that holds the turn's
    first ``<search>`` / ``<answer>`` (the end of the turn where it opens neither), and ``lead``, that token's
    text before the tag;
@@ -30,7 +31,7 @@ Two ways compute the same numbers:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,7 +92,8 @@ class Decided:
         return float(torch.sigmoid(torch.tensor(self.log_search - self.log_answer, dtype=torch.float64)))
 
     def row(self, tokenizer: Any) -> dict[str, Any]:
-        """The probe's per-question fields: ``p_search``, the tag the turn ``opened`` and the ``turn`` text."""
+        """The probe's per-question fields: ``p_search``, the tag the turn ``opened`` and the ``turn`` text (up to
+        the tag it opened)."""
         return {"p_search": self.p_search, "opened": self.decision.tag, "turn": tokenizer.decode(self.turn)}
 
 
@@ -103,6 +105,13 @@ def candidates(decision: Decision, tokenizer: Any) -> list[list[int]]:
 def end_ids(tokenizer: Any) -> set[int]:
     """The tokens that end a greedy turn: the end-of-sequence token."""
     return {tokenizer.eos_token_id} - {None}
+
+
+def opened_a_tag(turn_ids: Sequence[int], tokenizer: Any) -> bool:
+    """Whether the decoded turn holds ``<search>`` or ``<answer>``: its decision point is then fixed, and the
+    greedy turn stops there (a turn used to run on to ``max_tokens``, ~3x the tokens the decision needs)."""
+    text = tokenizer.decode(list(turn_ids))
+    return any(tag in text for tag in TAGS)
 
 
 # -- one context at a time (the reference) ---------------------------------------------------------------
@@ -175,6 +184,8 @@ def decide_one(
         if token in eos:
             break
         turn.append(token)
+        if opened_a_tag(turn, tokenizer):  # predicts[:len(turn)] holds the decision point's logits
+            break
         predicts.append(cache.extend([token])[-1])
     decision = decision_point(turn, tokenizer)
     at = len(context) + len(decision.ids)
@@ -248,7 +259,7 @@ def _wave(batch: SlotBatch, tokenizer: Any, contexts: Sequence[list[int]], max_t
     for s in slots:
         batch.reset_slot(s)
     logits = batch.step({s: contexts[s][batch.prefix_len :] for s in slots})
-    turns = _greedy(batch, logits, end_ids(tokenizer), max_tokens)
+    turns = _greedy(batch, logits, end_ids(tokenizer), max_tokens, lambda turn: opened_a_tag(turn, tokenizer))
     decisions = [decision_point(turn, tokenizer) for turn in turns]
     reached = [contexts[s] + decisions[s].ids for s in slots]
     pairs = [candidates(d, tokenizer) for d in decisions]
@@ -257,9 +268,12 @@ def _wave(batch: SlotBatch, tokenizer: Any, contexts: Sequence[list[int]], max_t
     return [Decided(turns[s], decisions[s], log_s[s], log_a[s]) for s in slots]
 
 
-def _greedy(batch: SlotBatch, logits: torch.Tensor, eos: set[int], max_tokens: int) -> list[list[int]]:
+def _greedy(
+    batch: SlotBatch, logits: torch.Tensor, eos: set[int], max_tokens: int, done: Callable[[list[int]], bool]
+) -> list[list[int]]:
     """Greedy turns of slots ``0 .. n - 1`` from their next-token ``logits [n, V]``: each turn ends before an
-    end token or at ``max_tokens`` tokens; a turn's last token is not fed (nothing is read after it)."""
+    end token, once ``done(turn)`` (it opened a tag) or at ``max_tokens`` tokens; a turn's last token is not
+    fed (nothing is read after it)."""
     turns: list[list[int]] = [[] for _ in range(logits.shape[0])]
     live = list(range(logits.shape[0]))
     for step in range(max_tokens):
@@ -267,7 +281,8 @@ def _greedy(batch: SlotBatch, logits: torch.Tensor, eos: set[int], max_tokens: i
         for s, token in zip(live, logits.float().argmax(dim=-1).tolist(), strict=True):
             if token not in eos:
                 turns[s].append(token)
-                feeds[s] = [token]
+                if not done(turns[s]):
+                    feeds[s] = [token]
         live = sorted(feeds)
         if not live or step == max_tokens - 1:
             break

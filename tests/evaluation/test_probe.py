@@ -54,14 +54,14 @@ def _logprob_by_hand(model, ids: list[int], start: int) -> float:
 
 
 def _p_search_by_hand(model, tokenizer, context: list[int], max_tokens: int) -> tuple[float, str]:
-    """Greedy decoding by hand (a full forward pass per token, argmax of the last position), then
+    """Greedy decoding by hand (a full forward pass per token, argmax of the last position, up to a tag), then
     P(S) / (P(S) + P(A)) at the decision point with log-softmax sums; returns it and the decoded turn."""
     turn: list[int] = []
     with torch.no_grad():
         for _ in range(max_tokens):
             token = int(model(input_ids=torch.tensor([context + turn])).logits[0, -1].argmax())
             turn.append(token)
-            if token == tokenizer.eos_token_id:
+            if token == tokenizer.eos_token_id or any(t in tokenizer.decode(turn) for t in ("<search>", "<answer>")):
                 break
     decision = decision_point(turn, tokenizer)
     at = context + decision.ids
@@ -270,7 +270,8 @@ def test_the_batched_probe_equals_one_question_at_a_time(world, monkeypatch, one
     _steer(model, tokenizer, contexts, max_tokens)
     reference = probe_decode.decide(model, tokenizer, contexts, max_tokens, batch_size=1)
     opened = [d for d in reference if d.decision.tag == "<answer>"]
-    assert opened and all(0 < len(d.decision.ids) < len(d.turn) for d in opened)  # mid-turn, turn goes on
+    assert opened and all(len(d.decision.ids) > 0 for d in opened)  # opened mid-turn
+    assert all(len(d.turn) == len(d.decision.ids) + 1 for d in opened)  # and the turn stops at the tag's token
     assert any(d.decision.tag is None and len(d.turn) < max_tokens for d in reference)  # ended by EOS
     assert any(d.decision.tag is None and len(d.turn) == max_tokens for d in reference)  # cut at the limit
     assert all(len(c) > 1 for d in reference for c in probe_decode.candidates(d.decision, tokenizer)[:1])

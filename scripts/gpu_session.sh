@@ -19,7 +19,8 @@
 # on the warm machine); the session joins the halves when both are there.
 #
 # Limits (seconds, env): SESSION_LIMIT (whole script, default 540), CHECK_LIMIT (the GPU check, 180),
-# ROW_LIMIT (one bench row, 150). Steps that run out of time are logged and the next step runs.
+# ROW_LIMIT (one bench row, 150; TRL's needs it all). MICRO_BATCH: the bench's --micro-batch (default 8 rows;
+# 64 = the whole step in one forward/backward, the update's launches cut ~6x). Steps that run out of time are logged and the next step runs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -166,7 +167,8 @@ for shape in smollm2-135m qwen2.5-3b; do
   fi
   log "bench $shape (limit ${t}s)"
   timeout --kill-after=10 "$t" "$PY" -m searchr1 bench rl-step --device cuda --shapes "$shape" \
-    --row-timeout "$ROW_LIMIT" --out-dir "$OUT/bench-$shape" >"$OUT/bench_$shape.log" 2>&1
+    --row-timeout "$ROW_LIMIT" ${MICRO_BATCH:+--micro-batch "$MICRO_BATCH"} --out-dir "$OUT/bench-$shape" \
+    >"$OUT/bench_$shape.log" 2>&1
   log "bench $shape: exit $?"
   grep -E '^rl-step \(cuda\): .*: \{' "$OUT/bench_$shape.log" | tee -a "$OUT/session.log"
 done

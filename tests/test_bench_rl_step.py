@@ -94,6 +94,35 @@ def test_device_cuda_without_cuda_is_refused_in_one_line(capsys):
     assert err == [err[0]] and err[0].startswith("error: bench rl-step --device cuda: no CUDA device")
 
 
+@pytest.mark.parametrize("micro", ["5", "12", "0"])
+def test_a_micro_batch_that_splits_a_group_or_the_step_is_refused_in_one_line(capsys, micro):
+    """--micro-batch must be whole groups of --samples (8) dividing the step's 64 trajectories (TRL takes whole
+    groups per micro-step); refused before CUDA is looked for, so this holds on any machine."""
+    from searchr1.cli import main
+
+    argv = ["bench", "rl-step", "--device", "cuda", "--micro-batch", micro, "--out-dir", "/nonexistent/never"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [err[0]] and "--micro-batch" in err[0] and "no CUDA" not in err[0]
+
+
+def test_the_micro_batch_reaches_both_rows_workload():
+    import argparse
+
+    from searchr1.bench import _gpu_step as gpu
+    from searchr1.bench.rl_step import gpu_workload
+
+    flags = dict(quick=False, questions=None, samples=None, gen_tokens=None, seed=0)
+    assert gpu_workload(argparse.Namespace(micro_batch=None, **flags)).micro_batch == 8
+    for samples, questions, want in ((4, 8, 8), (16, 8, 16), (3, 1, 3), (4, 3, 4)):  # the default always runs
+        other = {**flags, "samples": samples, "questions": questions}
+        assert gpu_workload(argparse.Namespace(micro_batch=None, **other)).micro_batch == want
+    work = gpu_workload(argparse.Namespace(micro_batch=64, **flags))
+    assert work.micro_batch == 64 and work.trajectories == 64
+    spec = gpu.child_spec("trl", "tiny", work)
+    assert spec["work"]["micro_batch"] == 64  # the child rebuilds the same Workload, TRL's row included
+
+
 def test_share_of_peak_and_the_cards_peaks():
     from searchr1.bench import _gpu_step as gpu
 

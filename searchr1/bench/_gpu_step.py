@@ -20,7 +20,7 @@ Rows, each in a fresh process, one measured step after a warm-up step of the sam
 * ``ours``: the rollout engine's decoder (``SlotBatch``: merged LoRA weights, the shared prefix stored once,
   CUDA graphs per row bucket, ``rollout.cuda_graphs=auto``) and sampler (on the device, one read of the
   sampled ids per step); the update through the fused decoder (``PolicyLogprobs(fused=True)``, the shared
-  prefix once per optimizer step, micro-batches of 8 rows) under bfloat16 autocast, frozen base weights
+  prefix once per optimizer step, micro-batches of ``--micro-batch`` rows, default 8) under bfloat16 autocast, frozen base weights
   in bfloat16, AdamW on the adapter.
 * ``ours-eager``: ``ours`` with ``rollout.cuda_graphs=off`` (what the graphs buy).
 * ``trl``: ``GRPOTrainer`` on the same random weights (bfloat16), the same prompt ids, ``num_generations`` =
@@ -410,8 +410,8 @@ def run_trl_row(shape: str, work: Workload, device: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         args = GRPOConfig(
             output_dir=tmp,
-            per_device_train_batch_size=work.samples,  # every completion generated at once, a group per micro-step
-            gradient_accumulation_steps=work.questions,
+            per_device_train_batch_size=work.micro_batch,  # whole groups per micro-step, as ours
+            gradient_accumulation_steps=work.trajectories // work.micro_batch,  # every completion generated at once
             **trl_generation_settings(work),
             beta=0.0,
             learning_rate=1e-5,

@@ -137,6 +137,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"with --device cuda: tokens generated per trajectory (default {_gpu_step.Workload.gen_tokens})",
     )
     parser.add_argument(
+        "--micro-batch",
+        type=int,
+        default=None,
+        help=f"with --device cuda: rows per forward/backward in the update, ours and TRL's alike (default "
+        f"{_gpu_step.Workload.micro_batch}; a multiple of --samples dividing the step's trajectories)",
+    )
+    parser.add_argument(
         "--row-timeout",
         type=float,
         default=None,
@@ -546,11 +553,43 @@ def run(args: argparse.Namespace) -> BenchResult:
     )  # fmt: skip
 
 
+def default_micro_batch(samples: int, questions: int) -> int:
+    """The most whole groups, up to ``Workload.micro_batch`` rows (at least one group), that divide the step."""
+    most = max(1, _gpu_step.Workload.micro_batch // max(1, samples))
+    return max(1, samples) * next(k for k in range(most, 0, -1) if max(1, questions) % k == 0)
+
+
+def gpu_workload(args: argparse.Namespace) -> Any:
+    """The ``Workload`` of ``--device cuda`` from the flags; one line for numbers it cannot run."""
+    quick = bool(getattr(args, "quick", False))
+    samples = args.samples or _gpu_step.Workload.samples
+    questions = args.questions or (1 if quick else _gpu_step.Workload.questions)
+    micro = getattr(args, "micro_batch", None)
+    work = _gpu_step.Workload(
+        questions=questions,
+        samples=samples,
+        gen_tokens=args.gen_tokens or (64 if quick else _gpu_step.Workload.gen_tokens),
+        micro_batch=default_micro_batch(samples, questions) if micro is None else micro,
+        seed=int(getattr(args, "seed", 0)),
+    )
+    if min(work.gen_tokens, work.questions, work.samples, work.micro_batch) < 1:
+        raise UserFacingError(
+            "bench rl-step --device cuda: --questions, --samples, --gen-tokens and --micro-batch must be >= 1"
+        )
+    if work.micro_batch % work.samples or work.trajectories % work.micro_batch:
+        raise UserFacingError(
+            f"bench rl-step --device cuda: --micro-batch {work.micro_batch} must be a multiple of --samples "
+            f"{work.samples} that divides the step's {work.trajectories} trajectories (TRL takes whole groups)"
+        )
+    return work
+
+
 def run_gpu(args: argparse.Namespace) -> BenchResult:
     """``--device cuda``: ours, ours-eager and TRL per shape, each row in a fresh process
     (``searchr1.bench._gpu_step``)."""
     import torch
 
+    work = gpu_workload(args)  # bad numbers are refused before anything else
     if not torch.cuda.is_available():
         raise UserFacingError(f"bench rl-step --device cuda: no CUDA device here (torch {torch.__version__})")
     names = list(args.rows or _gpu_step.GPU_ROWS)
@@ -565,17 +604,6 @@ def run_gpu(args: argparse.Namespace) -> BenchResult:
         except Exception as exc:  # not installed, or a dependency missing (a bare GPU image)
             names.remove("trl")
             print(f"note: TRL cannot be imported ({exc}); its rows are skipped", file=sys.stderr)
-    quick = bool(getattr(args, "quick", False))
-    work = _gpu_step.Workload(
-        questions=args.questions or (1 if quick else _gpu_step.Workload.questions),
-        samples=args.samples or _gpu_step.Workload.samples,
-        gen_tokens=args.gen_tokens or (64 if quick else _gpu_step.Workload.gen_tokens),
-        seed=int(getattr(args, "seed", 0)),
-    )
-    if work.gen_tokens < 1 or work.questions < 1 or work.samples < 1:
-        raise UserFacingError(
-            "bench rl-step --device cuda: --questions, --samples and --gen-tokens must be >= 1"
-        )
     shapes = list(args.shapes or _gpu_step.GPU_SHAPES)
     results: dict[tuple[str, str], dict[str, Any]] = {}
     failed: dict[str, str] = {}
@@ -600,7 +628,7 @@ def run_gpu(args: argparse.Namespace) -> BenchResult:
         extra["failed_rows"] = failed
     return BenchResult(
         name="rl_step_gpu",
-        params={"shapes": shapes, "rows": names, "workload": dataclasses.asdict(work), "quick": quick},
+        params={"shapes": shapes, "rows": names, "workload": dataclasses.asdict(work), "quick": bool(getattr(args, "quick", False))},
         rows=list(results.values()),
         headline=speedups[headline_shape] if headline_shape else float("nan"),
         headline_label=f"TRL step seconds / ours ({headline_shape or 'no pair measured'})",

@@ -20,7 +20,7 @@
 #
 # Limits (seconds, env): SESSION_LIMIT (whole script, default 540), CHECK_LIMIT (the GPU check, 180),
 # ROW_LIMIT (one bench row, 150; TRL's needs it all). MICRO_BATCH: the bench's --micro-batch (default 8 rows;
-# 64 = the whole step in one forward/backward, the update's launches cut ~6x). Steps that run out of time are logged and the next step runs.
+# 64 = the whole step in one forward/backward: fewer launches, not yet measured on a GPU). Steps that run out of time are logged and the next step runs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

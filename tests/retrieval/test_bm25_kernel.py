@@ -259,3 +259,20 @@ def test_serve_refuses_zero_threads_in_one_line(tmp_path, capsys):
     assert main(["serve", "--corpus", str(tmp_path / "never-read.jsonl"), "--threads", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--threads must be >= 1, got 0" in err[0]
+
+
+@pytest.mark.parametrize("preset", ["pyserini", "bm25s"])
+def test_a_floor_made_of_tied_passages_keeps_them_in_row_order(preset):
+    """Twelve identical passages: the k-th best single-term score (the floor the kernel starts from) is
+    every one's score, so a passage equal to it must still enter -- the first k rows without ties,
+    all twelve with them -- and not be skipped as a later row losing a tie."""
+    docs = [Document(str(i), "", "alpha beta") for i in range(12)]
+    docs += [Document(str(12 + i), "", f"gamma w{i}x") for i in range(30)]
+    r = BM25Retriever.from_documents(docs, preset=preset)
+    for q in ("alpha", "alpha beta", "beta gamma"):
+        for k in (1, 3, 5):
+            rows, _ = r.top(q, k, False)
+            assert rows.tolist() == list(range(k)), (q, k)
+            rows, _ = r.top(q, k, True)
+            assert rows.tolist() == list(range(12)), (q, k)
+            assert np.array_equal(rows, _exhaustive(r, q, k, True)[0])

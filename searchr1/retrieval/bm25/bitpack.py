@@ -68,7 +68,7 @@ def pack(values: np.ndarray, w: int, out: np.ndarray, at: int) -> int:
     return at + LANES * w
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, inline="always")
 def unpack(words: np.ndarray, at: int, w: int, base: int, out: np.ndarray) -> None:
     """``out[j] = base + value j`` (uint32) for the 128 values packed at ``words[at:]`` with width ``w``.
 

@@ -124,7 +124,7 @@ def encode_block(
     return (p + 3) // 4
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, inline="always")
 def decode_block(
     mode: int, b: int, first: int, n: int, prev: int, rows: np.ndarray, data: np.ndarray,
     offsets: np.ndarray, words: np.ndarray, stream: np.ndarray, num_docs: int, last: int,

@@ -119,8 +119,14 @@ def test_the_micro_batch_reaches_both_rows_workload():
         assert gpu_workload(argparse.Namespace(micro_batch=None, **other)).micro_batch == want
     work = gpu_workload(argparse.Namespace(micro_batch=64, **flags))
     assert work.micro_batch == 64 and work.trajectories == 64
-    spec = gpu.child_spec("trl", "tiny", work)
-    assert spec["work"]["micro_batch"] == 64  # the child rebuilds the same Workload, TRL's row included
+    import json
+
+    spec = json.loads(json.dumps(gpu.child_spec("trl", "tiny", work)))  # what the child process reads
+    rebuilt = gpu.Workload(**spec["work"])
+    assert rebuilt == work
+    assert gpu.trl_batch_settings(rebuilt) == {"per_device_train_batch_size": 64, "gradient_accumulation_steps": 1}
+    eight = gpu_workload(argparse.Namespace(micro_batch=None, **flags))
+    assert gpu.trl_batch_settings(eight) == {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 8}
 
 
 def test_share_of_peak_and_the_cards_peaks():

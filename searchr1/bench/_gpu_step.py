@@ -105,6 +105,15 @@ def generated_tokens(work: Workload) -> int:
     return work.trajectories * work.gen_tokens
 
 
+def trl_batch_settings(work: Workload) -> dict[str, int]:
+    """TRL's micro-steps as ours: ``micro_batch`` rows (whole groups) a micro-step, every completion of the
+    step generated at once (accumulated over ``trajectories / micro_batch`` micro-steps)."""
+    return {
+        "per_device_train_batch_size": work.micro_batch,
+        "gradient_accumulation_steps": work.trajectories // work.micro_batch,
+    }
+
+
 def trl_generation_settings(work: Workload) -> dict[str, Any]:
     """The ``GRPOConfig`` fields that fix TRL's completions to ``gen_tokens`` each."""
     return {
@@ -410,8 +419,7 @@ def run_trl_row(shape: str, work: Workload, device: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         args = GRPOConfig(
             output_dir=tmp,
-            per_device_train_batch_size=work.micro_batch,  # whole groups per micro-step, as ours
-            gradient_accumulation_steps=work.trajectories // work.micro_batch,  # every completion generated at once
+            **trl_batch_settings(work),
             **trl_generation_settings(work),
             beta=0.0,
             learning_rate=1e-5,

@@ -455,7 +455,7 @@ def run(args: argparse.Namespace) -> BenchResult:
         return run_gpu(args)
     import torch
 
-    quick = bool(getattr(args, "quick", False))
+    quick = _quick(args)
     seed = int(getattr(args, "seed", 0))
     questions = args.questions or (QUICK_QUESTIONS if quick else QUESTIONS)
     samples = getattr(args, "samples", None) or SAMPLES
@@ -559,9 +559,14 @@ def default_micro_batch(samples: int, questions: int) -> int:
     return max(1, samples) * next(k for k in range(most, 0, -1) if max(1, questions) % k == 0)
 
 
+def _quick(args: argparse.Namespace) -> bool:
+    """Whether ``--quick`` was given (callers that build the namespace by hand may leave it out)."""
+    return bool(getattr(args, "quick", False))
+
+
 def gpu_workload(args: argparse.Namespace) -> Any:
     """The ``Workload`` of ``--device cuda`` from the flags; one line for numbers it cannot run."""
-    quick = bool(getattr(args, "quick", False))
+    quick = _quick(args)
     samples = args.samples or _gpu_step.Workload.samples
     questions = args.questions or (1 if quick else _gpu_step.Workload.questions)
     micro = getattr(args, "micro_batch", None)
@@ -628,7 +633,7 @@ def run_gpu(args: argparse.Namespace) -> BenchResult:
         extra["failed_rows"] = failed
     return BenchResult(
         name="rl_step_gpu",
-        params={"shapes": shapes, "rows": names, "workload": dataclasses.asdict(work), "quick": bool(getattr(args, "quick", False))},
+        params={"shapes": shapes, "rows": names, "workload": dataclasses.asdict(work), "quick": _quick(args)},
         rows=list(results.values()),
         headline=speedups[headline_shape] if headline_shape else float("nan"),
         headline_label=f"TRL step seconds / ours ({headline_shape or 'no pair measured'})",

@@ -92,7 +92,9 @@ def add_arguments(parser: Any) -> None:
         default=None,
         help="the transfer row's questions: the first N HotpotQA test questions (default 128; 0: all 497)",
     )
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
+    parser.add_argument(
+        "--threads", type=int, default=hotpotqa_cli.DEFAULT_THREADS, help="torch CPU threads (default 2)"
+    )
     parser.add_argument(
         "--jobs",
         type=int,

@@ -81,9 +81,13 @@ def settings_from_args(args: argparse.Namespace) -> Any:
     )
 
 
-def command_of(settings: Any, out: Path) -> str:
-    """The command that runs these settings again into ``out``: the overrides, then the flags that differ from
-    the defaults (``--rows NAME`` may follow)."""
+DEFAULT_THREADS = 2
+"""``searchr1 demo --threads``'s default (both demos)."""
+
+
+def command_of(settings: Any, out: Path, threads: int = DEFAULT_THREADS) -> str:
+    """The command that runs these settings again into ``out`` on ``threads`` torch threads: the overrides,
+    then the flags that differ from the defaults (``--rows NAME`` may follow)."""
     from searchr1.demo.hotpotqa import HotpotQASettings
 
     base = HotpotQASettings.quick_settings() if settings.quick else HotpotQASettings()
@@ -100,6 +104,8 @@ def command_of(settings: Any, out: Path) -> str:
         value = getattr(settings, f.name)
         if f.name in flags and value != getattr(base, f.name):
             argv += [flags[f.name], *(map(str, value) if isinstance(value, tuple) else [str(value)])]
+    if threads != DEFAULT_THREADS:
+        argv += ["--threads", str(threads)]
     return shlex.join(argv)
 
 
@@ -124,7 +130,7 @@ def run_if_hotpotqa(args: argparse.Namespace) -> int | None:
         check_folder(out, settings)
     except ValueError as exc:
         raise UserFacingError(str(exc)) from exc
-    summary = run_hotpotqa_demo(out, settings, command=command_of(settings, out))
+    summary = run_hotpotqa_demo(out, settings, command=command_of(settings, out, args.threads))
     print_report(summary, out)
     if args.write_results:
         path = Path(args.write_results)

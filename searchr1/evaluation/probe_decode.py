@@ -107,10 +107,17 @@ def end_ids(tokenizer: Any) -> set[int]:
     return {tokenizer.eos_token_id} - {None}
 
 
+TAG_TAIL = 16
+"""Tokens at the end of a turn that ``opened_a_tag`` decodes: more than any tag takes (a byte-level
+tokenizer spells ``<answer>`` in 8)."""
+
+
 def opened_a_tag(turn_ids: Sequence[int], tokenizer: Any) -> bool:
-    """Whether the decoded turn holds ``<search>`` or ``<answer>``: its decision point is then fixed, and the
-    greedy turn stops there (a turn used to run on to ``max_tokens``, ~3x the tokens the decision needs)."""
-    text = tokenizer.decode(list(turn_ids))
+    """Whether the turn has just opened ``<search>`` or ``<answer>``: its decision point is then fixed, and
+    the greedy turn stops there (a turn used to run on to ``max_tokens``, ~3x the tokens the decision needs).
+    Asked after every token, so a tag first appears at the turn's end: only the last ``TAG_TAIL`` tokens are
+    decoded (the whole turn at every token cost O(T^2) decoding)."""
+    text = tokenizer.decode(list(turn_ids[-TAG_TAIL:]))
     return any(tag in text for tag in TAGS)
 
 

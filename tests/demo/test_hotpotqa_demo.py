@@ -239,6 +239,8 @@ def test_quick_and_overrides_reach_the_recipe_and_the_command_runs_them_again():
     again = hotpotqa_cli.command_of(full, Path("runs/y"))
     assert parsed(again) == full  # the overrides go before --seeds, which would take them as seeds
     assert parsed(again + " --rows rl").rows == ("rl",)  # each row's command in the results file
+    one_thread = hotpotqa_cli.command_of(full, Path("runs/y"), threads=1)  # the exact line that ran
+    assert one_thread == again + " --threads 1" and parser().parse_args(one_thread.split()[2:]).threads == 1
     # each data set keeps its own prompt unless --template names one
     assert settings.template == "instruct_2hop" and parsed(command + " --template base").template == "base"
 

@@ -194,6 +194,20 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
+class PhaseClock:
+    """Wall seconds of each phase of a run, lap by lap (``row["phase_seconds"]``: where a demo's minutes go)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._since = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        """Charge the time since the last lap to ``phase``."""
+        now = time.perf_counter()
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self._since
+        self._since = now
+
+
 def one_run(
     settings: DemoSettings,
     seed: int,
@@ -211,40 +225,53 @@ def one_run(
     ``real``: real questions and their retriever by name (``nq``, ``hotpotqa``), evaluated before and after
     too (``eval_<name>_before`` / ``_after``)."""
     t0 = time.perf_counter()
+    clock = PhaseClock()
     real = real or {}
     train = read_jsonl(world_files["train"])
     val = read_jsonl(world_files["val"])
     test = read_jsonl(world_files["test"])[: settings.num_test]
     trainer = demo_trainer(settings, seed, model_dir, retriever, train, val, out, prompt_path, extra)
     read = {"before": policy_fingerprint(trainer.policy)}  # the policy each evaluation read
+    clock.lap("setup")
     evals = {"before": evaluate_policy(trainer, test, out / "eval_before", str(prompt_path), seed)}
     log(f"  before: {_line(evals['before'], test, out / 'eval_before')}")
+    clock.lap("eval_before")
     probe = {"before": _probe(trainer, test, prompt_path, retriever)}
     log(f"  second-search probe before: {_probe_line(probe['before'])}")
+    clock.lap("probe_before")
     real_before = {name: _evaluate_real(trainer, data, out / f"eval_{name}_before", prompt_path, seed)
                    for name, data in real.items()}  # fmt: skip
+    clock.lap("real_before")
     if trainer.cfg.warmstart.enabled:  # warm start alone: its policy evaluated, then RL starts from it
         cfg = trainer.cfg
         trainer.close()
         del trainer  # its model and caches are freed before the warm start loads its own copy
         trainer = _warm_started(cfg, settings, seed, retriever, train, val, out, prompt_path, extra, log)
         read["warm"] = policy_fingerprint(trainer.policy)
+        clock.lap("warm_start")
         evals["warm"] = evaluate_policy(trainer, test, out / "eval_warm", str(prompt_path), seed)
         log(f"  warm start alone: {_line(evals['warm'], test, out / 'eval_warm')}")
+        clock.lap("eval_warm")
         probe["warm"] = _probe(trainer, test, prompt_path, retriever)
         log(f"  second-search probe after the warm start: {_probe_line(probe['warm'])}")
+        clock.lap("probe_warm")
         real_warm = {name: _evaluate_real(trainer, data, out / f"eval_{name}_warm", prompt_path, seed)
                      for name, data in real.items()}  # fmt: skip
+        clock.lap("real_warm")
     result = trainer.train()
     best = trainer.restore_best() if trainer.cfg.trainer.keep_best != "none" else None
+    clock.lap("rl")
     if best is not None:
         log(f"  the best validated policy is evaluated: step {best['step']} (validation EM {best['em']:.3f})")
     evals["after"] = _evaluate_after(trainer, test, out, prompt_path, seed, evals, read, log)
     log(f"  after:  {_line(evals['after'], test, out / 'eval_after')}")
+    clock.lap("eval_after")
     probe["after"] = _probe(trainer, test, prompt_path, retriever)
     log(f"  second-search probe after: {_probe_line(probe['after'])}")
+    clock.lap("probe_after")
     real_after = {name: _evaluate_real(trainer, data, out / f"eval_{name}_after", prompt_path, seed)
                   for name, data in real.items()}  # fmt: skip
+    clock.lap("real_after")
     curve = reward_curve(out / "metrics.jsonl")
     before_path, after_path = (out / f"eval_{w}" / "trajectories.jsonl" for w in ("before", "after"))
     row = {
@@ -263,6 +290,7 @@ def one_run(
         "health": result.get("health", []),
         "plots": result.get("plots", []),
         "seconds": time.perf_counter() - t0,
+        "phase_seconds": clock.seconds,
     }
     if "warm" in evals:
         row["warm"] = overall(evals["warm"])

@@ -52,6 +52,10 @@ def test_the_demo_command_writes_summary_json_with_both_ablations(tmp_path, tiny
     for mode, run in row["runs"].items():
         assert run["steps"] == 2 and len(run["reward_curve"]) == 2, mode
         assert json.loads((out / "seed_3" / mode / "row.json").read_text()) == run, mode  # written as it landed
+        phases = run["phase_seconds"]  # where the run's minutes went, each phase once, in the order they ran
+        assert list(phases)[:3] == ["setup", "eval_before", "probe_before"] and "rl" in phases, mode
+        assert list(phases)[-3:] == ["eval_after", "probe_after", "real_after"], mode
+        assert min(phases.values()) >= 0 and 0 < sum(phases.values()) <= run["seconds"], mode
         for when in ("before", "after"):  # the numbers are those of the evaluation files
             recs = records(out / "seed_3" / mode / f"eval_{when}" / "trajectories.jsonl")
             assert len(recs) == 4

@@ -276,3 +276,26 @@ def test_a_floor_made_of_tied_passages_keeps_them_in_row_order(preset):
             rows, _ = r.top(q, k, True)
             assert rows.tolist() == list(range(12)), (q, k)
             assert np.array_equal(rows, _exhaustive(r, q, k, True)[0])
+
+
+def test_the_prefetch_intrinsic_compiles_and_leaves_the_data_alone():
+    """``prefetch`` is an LLVM intrinsic numba must lower on this platform (the kernel calls it on every
+    decoded block): a loop that prefetches every element, and one past the end, reads the same values."""
+    from numba import njit
+
+    from searchr1.retrieval.bm25.prefetch import prefetch
+
+    @njit
+    def prefetched_sum(values, rows):
+        total = 0
+        for r in rows:
+            prefetch(values, r)
+        prefetch(values, len(values) + 4096)  # past the end: a hint, never a fault
+        for r in rows:
+            total += values[r]
+        return total
+
+    values = np.arange(1000, dtype=np.uint8)
+    rows = np.random.default_rng(0).integers(0, 1000, 300)
+    assert prefetched_sum(values, rows) == int(values[rows].astype(np.int64).sum())
+    assert np.array_equal(values, np.arange(1000, dtype=np.uint8))

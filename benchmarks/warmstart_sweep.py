@@ -48,6 +48,11 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "zero_e2_lr2": {"about": "two passes at twice the rate",
                     "template": "instruct",
                     "set": ["warmstart.epochs=2", "warmstart.max_examples=0", "warmstart.lr=2.0e-3", *HOLDOUT]},
+    "zero_e4_lr2_stop": {"about": "zero_e4_stop at twice the rate: the decision's 0.97 in fewer steps? (issue 54 item 4: "
+                                 "the warm start is most of the quick demo's minutes)",
+                         "template": "instruct",
+                         "set": ["warmstart.epochs=4", "warmstart.max_examples=0", "warmstart.lr=2.0e-3",
+                                 "warmstart.stop_at=0.97", *HOLDOUT]},
     "zero_e4_dw20": {"about": "zero_e4 with the decision's tokens weighed 20x in the loss "
                              "(warmstart.decision_weight): the decision learnt in fewer steps?",
                      "template": "instruct",

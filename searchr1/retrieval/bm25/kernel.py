@@ -289,6 +289,22 @@ def top_k(
         cur_block[i] = b
         return b
 
+    # load(i, b): term i's block b decoded into its buffer (False: corrupt bytes), its norms prefetched
+    def load(i, b):
+        t = cols[i]
+        first = indptr[t] + (b - bptr[t]) * BLOCK
+        n = min(BLOCK, indptr[t + 1] - first)
+        prev = np.int64(block_last[b - 1]) if b > bptr[t] else np.int64(-1)
+        if not decode_block(mode, b, first, n, prev, rows, data, offsets, words, stream, num_docs,
+                            np.int64(block_last[b]), buf_docs[i], buf_vals[i], scratch):  # fmt: skip
+            return False
+        dec_block[i] = b
+        size[i] = n
+        pos[i] = 0
+        for j in range(n):  # the block's norms requested together (``prefetch``)
+            prefetch(norms, buf_docs[i, j])
+        return True
+
     # seek(i, target): term i on its first posting with row >= target (its block decoded); inside the
     # block decoded already when that block reaches target
     def seek(i, target):
@@ -303,19 +319,8 @@ def top_k(
         if b < 0:
             doc[i] = END
             return True
-        if dec_block[i] != b:
-            t = cols[i]
-            first = indptr[t] + (b - bptr[t]) * BLOCK
-            n = min(BLOCK, indptr[t + 1] - first)
-            prev = np.int64(block_last[b - 1]) if b > bptr[t] else np.int64(-1)
-            if not decode_block(mode, b, first, n, prev, rows, data, offsets, words, stream, num_docs,
-                                np.int64(block_last[b]), buf_docs[i], buf_vals[i], scratch):  # fmt: skip
-                return False
-            dec_block[i] = b
-            size[i] = n
-            pos[i] = 0
-            for j in range(n):  # the block's norms requested together (``prefetch``)
-                prefetch(norms, buf_docs[i, j])
+        if dec_block[i] != b and not load(i, b):
+            return False
         p = pos[i]
         while buf_docs[i, p] < target:
             p += 1
@@ -359,14 +364,10 @@ def top_k(
                 continue
             best_k[:] = neg_inf
             for b in range(bptr[t], bptr[t + 1]):
-                first = indptr[t] + (b - bptr[t]) * BLOCK
-                n = min(BLOCK, indptr[t + 1] - first)
-                prev = np.int64(block_last[b - 1]) if b > bptr[t] else np.int64(-1)
-                if not decode_block(mode, b, first, n, prev, rows, data, offsets, words, stream, num_docs,
-                                    np.int64(block_last[b]), buf_docs[i], buf_vals[i], scratch):  # fmt: skip
+                if not load(i, b):
                     ok = False
                     break
-                for j in range(n):
+                for j in range(size[i]):
                     s1 = np.float32(contribution(i, buf_vals[i, j], buf_docs[i, j]))
                     if s1 > best_k[0]:
                         q = 0

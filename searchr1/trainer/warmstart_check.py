@@ -17,8 +17,9 @@ With ``x`` the prompt, the first gold search turn, its real observation and the 
     decision_accuracy = (mean p over the search side + mean p over the answer side) / 2
 
 It is the two-sided decision probe of ``searchr1.evaluation.probe`` without the greedy decoding: one
-forward pass per candidate, so it costs seconds and can run during training. ``right_share`` is the share
-of questions whose right candidate is the likelier one. The warm start keeps the adapter of its best
+forward pass over the contexts, the candidates after them on the cached keys and values, so it costs seconds
+and can run during training. ``right_share`` is the share of questions whose right candidate is the likelier
+one. The warm start keeps the adapter of its best
 check (``WarmStart``) and stops once ``warmstart.stop_at`` is reached.
 
     held, train = holdout_split(samples, 32, seed)
@@ -33,9 +34,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from transformers import DynamicCache
 
 from searchr1.data.formats import sample_kind
 from searchr1.data.prompts import ANSWER_OPEN, THINK_CLOSE, THINK_OPEN
+from searchr1.hfcompat import cache_arg
 from searchr1.rollout.gold import (
     ANSWER_SIDE,
     SEARCH_SIDE,
@@ -91,6 +94,7 @@ class DecisionCheck:
     """The teacher-forced two-sided decision check over held-out questions (see the module docstring)."""
 
     def __init__(self, items: list[CheckItem], pad_id: int, batch_size: int = 8) -> None:
+        """``batch_size``: contexts per forward pass."""
         self.items = items
         self.pad_id = pad_id
         self.batch_size = batch_size
@@ -120,33 +124,73 @@ class DecisionCheck:
 
     @torch.no_grad()
     def continuation_logprobs(self, model: Any, device: torch.device) -> list[tuple[float, float]]:
-        """``(log P(S | x), log P(A | x))`` per item, in batches of left-padded rows (one row per candidate),
-        the vocabulary projection only over the last positions, where the candidates are."""
-        rows = [(it.context, cand) for it in self.items for cand in (it.search_ids, it.answer_ids)]
-        out = [0.0] * len(rows)
-        for start in range(0, len(rows), self.batch_size):
-            chunk = rows[start : start + self.batch_size]
-            width = max(len(ctx) + len(cand) for ctx, cand in chunk)
-            keep = max(len(cand) for _, cand in chunk) + 1
+        """``(log P(S | x), log P(A | x))`` per item, in batches of left-padded contexts: each context runs
+        once, its keys and values cached, and each candidate runs after it on the cache (cut back to the
+        context between the two), so the check costs one pass over the contexts, not two."""
+        out: list[tuple[float, float]] = []
+        for start in range(0, len(self.items), self.batch_size):
+            chunk = self.items[start : start + self.batch_size]
+            width = max(len(it.context) for it in chunk)
             ids = torch.full((len(chunk), width), self.pad_id, dtype=torch.long)
             mask = torch.zeros((len(chunk), width), dtype=torch.long)
-            for r, (ctx, cand) in enumerate(chunk):
-                seq = [*ctx, *cand]
-                ids[r, width - len(seq) :] = torch.tensor(seq)
-                mask[r, width - len(seq) :] = 1
+            for r, item in enumerate(chunk):
+                ids[r, width - len(item.context) :] = torch.tensor(item.context)
+                mask[r, width - len(item.context) :] = 1
             positions = (mask.cumsum(-1) - 1).clamp(min=0)
-            logits = model(
+            mask = mask.to(device)
+            cache = DynamicCache()
+            context = model(
                 input_ids=ids.to(device),
-                attention_mask=mask.to(device),
+                attention_mask=mask,
                 position_ids=positions.to(device),
-                logits_to_keep=keep,
-            ).logits.float()
-            logp = torch.log_softmax(logits, dim=-1)  # [rows, keep, V]: position j predicts width - keep + j + 1
-            for r, (_, cand) in enumerate(chunk):
-                first = keep - 1 - len(cand)  # the position that predicts the candidate's first token
-                at = torch.arange(first, first + len(cand), device=logp.device)
-                out[start + r] = float(logp[r, at, torch.tensor(cand, device=logp.device)].sum())
-        return [(out[2 * k], out[2 * k + 1]) for k in range(len(self.items))]
+                **cache_arg(cache),
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            first = torch.log_softmax(
+                context.logits[:, -1].float(), dim=-1
+            )  # predicts each candidate's first token
+            scores = [
+                self._candidate_logprobs(model, cache, first, mask, positions[:, -1], cands, device)
+                for cands in ([it.search_ids for it in chunk], [it.answer_ids for it in chunk])
+            ]
+            out.extend(zip(*scores, strict=True))
+        return out
+
+    def _candidate_logprobs(
+        self,
+        model: Any,
+        cache: Any,
+        first: torch.Tensor,
+        mask: torch.Tensor,
+        last_position: torch.Tensor,
+        cands: list[list[int]],
+        device: torch.device,
+    ) -> list[float]:
+        """``sum_j log pi(C_j | x, C_<j)`` of each row's candidate ``cands[r]`` after its cached context; the
+        cache is cut back to the context afterwards."""
+        length = max(len(c) for c in cands)
+        totals = [float(first[r, c[0]]) for r, c in enumerate(cands)]
+        if length < 2:
+            return totals
+        ids = torch.full((len(cands), length - 1), self.pad_id, dtype=torch.long)
+        cont = torch.zeros((len(cands), length - 1), dtype=torch.long)
+        for r, c in enumerate(cands):  # right-padded: a candidate's tokens never see the padding after them
+            ids[r, : len(c) - 1] = torch.tensor(c[:-1])
+            cont[r, : len(c) - 1] = 1
+        positions = last_position[:, None] + 1 + torch.arange(length - 1)[None, :]
+        logits = model(
+            input_ids=ids.to(device),
+            attention_mask=torch.cat([mask, cont.to(device)], dim=1),
+            position_ids=positions.to(device),
+            **cache_arg(cache),
+            use_cache=True,
+        ).logits.float()
+        cache.crop(-(length - 1))  # negative: remove that many (every transformers 4.4x-5.x)
+        logp = torch.log_softmax(logits, dim=-1)  # position j predicts the candidate's token j + 1
+        for r, c in enumerate(cands):
+            totals[r] += sum(float(logp[r, j, c[j + 1]]) for j in range(len(c) - 1))
+        return totals
 
     def measure(self, model: Any, device: torch.device) -> dict[str, Any]:
         """``decision_accuracy`` and, per side, ``p`` (the mean probability of the right candidate against

@@ -4,6 +4,7 @@ skipped, data without any is refused in one line, and `searchr1 train` starts RL
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -282,13 +283,17 @@ def test_the_held_out_slice_is_balanced_seeded_and_never_trained():
 
     rows = _kind_rows(30, 10)
     held, trained = holdout_split(rows, 8, seed=3)
-    assert len(held) == 8 and not set(held) & set(trained) and sorted(held + trained) == list(range(len(rows)))
+    assert (
+        len(held) == 8 and not set(held) & set(trained) and sorted(held + trained) == list(range(len(rows)))
+    )
     assert sorted(sample_kind(rows[i]) for i in held) == ["multi-hop"] * 4 + ["single-hop"] * 4
     assert len(rows) - 1 in trained  # a row without a gold path is never held out
     assert holdout_split(rows, 8, seed=3) == (held, trained) and holdout_split(rows, 8, seed=4)[0] != held
     few = _kind_rows(10, 2)
     held, _ = holdout_split(few, 8, seed=0)
-    assert sum(sample_kind(few[i]) == "multi-hop" for i in held) == 2 and len(held) == 8  # the rest: single-hop
+    assert (
+        sum(sample_kind(few[i]) == "multi-hop" for i in held) == 2 and len(held) == 8
+    )  # the rest: single-hop
     assert holdout_split(rows, 0, seed=0) == ([], list(range(len(rows))))
     with pytest.raises(ValueError, match=r"warmstart\.holdout=40"):
         holdout_split(rows, 40, seed=0)
@@ -299,7 +304,9 @@ def _check(world, tokenizer, bm25, tiny_model_dir, tmp_path):
 
     cfg = config(world, tiny_model_dir, tmp_path)
     writer = GoldWriter(tokenizer, cfg.rollout, bm25, 1)
-    return DecisionCheck.build([rlworld.BRIDGE, SINGLE], tokenizer, str(world["template"]), writer, batch_size=3)
+    return DecisionCheck.build(
+        [rlworld.BRIDGE, SINGLE], tokenizer, str(world["template"]), writer, batch_size=3
+    )
 
 
 def test_the_decision_check_scores_both_candidates_as_one_unpadded_pass_does(
@@ -321,10 +328,19 @@ def test_the_decision_check_scores_both_candidates_as_one_unpadded_pass_does(
             logp = torch.log_softmax(model(input_ids=torch.tensor([ctx + cand])).logits[0].float(), -1)
         return sum(float(logp[len(ctx) - 1 + j, c]) for j, c in enumerate(cand))
 
-    pairs = check.continuation_logprobs(model, torch.device("cpu"))  # 4 rows in batches of 3: padding
+    pairs = check.continuation_logprobs(model, torch.device("cpu"))  # two contexts of two lengths: padding
     for item, (log_s, log_a) in zip(check.items, pairs, strict=True):
         assert log_s == pytest.approx(alone(item.context, item.search_ids), abs=1e-4)
         assert log_a == pytest.approx(alone(item.context, item.answer_ids), abs=1e-4)
+    # candidates of other lengths in one batch (right-padded on the cache), one token alone, one context a batch
+    other = copy.deepcopy(check)
+    other.items[0].answer_ids = other.items[0].answer_ids[:1]
+    other.items[1].search_ids = [*other.items[1].search_ids, *other.items[1].answer_ids]
+    for other.batch_size in (1, 2):
+        scored = other.continuation_logprobs(model, torch.device("cpu"))
+        for item, (log_s, log_a) in zip(other.items, scored, strict=True):
+            assert log_s == pytest.approx(alone(item.context, item.search_ids), abs=1e-4)
+            assert log_a == pytest.approx(alone(item.context, item.answer_ids), abs=1e-4)
     result = check.measure(model, torch.device("cpu"))
     p_search = [float(torch.sigmoid(torch.tensor(s - a))) for s, a in pairs]
     assert result["search_side"]["p"] == pytest.approx(p_search[0])
@@ -367,7 +383,9 @@ def test_the_warm_start_keeps_its_best_check_not_its_last_and_stops_at_stop_at(
     assert stopping.step == 2 and stopping.done and stopping.stopped
 
 
-def test_a_resumed_warm_start_keeps_the_best_of_before_the_kill(world, tokenizer, bm25, tiny_model_dir, tmp_path):
+def test_a_resumed_warm_start_keeps_the_best_of_before_the_kill(
+    world, tokenizer, bm25, tiny_model_dir, tmp_path
+):
     cfg = config(world, tiny_model_dir, tmp_path, warmstart__holdout=2, warmstart__check_every=2)
     killed = _stage(cfg, tiny_model_dir, tokenizer, bm25, world, tmp_path / "ws")
     killed.check = before = _ScriptedCheck([0.5, 0.95, 0.6, 0.7])

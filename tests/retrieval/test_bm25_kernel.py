@@ -90,9 +90,18 @@ def test_long_columns_are_skipped_block_by_block_and_still_exact():
         Document(str(i), "", "common " * int(rng.integers(1, 4)) + f"r{i % 97}x q{i % 13}x")
         for i in range(40_000)
     ]
+    docs[123] = Document("123", "", "common solo q3x")  # a term of one passage beside common ones
     r = BM25Retriever.from_documents(docs)
     assert int(r.postings.bptr[-1]) > 300
-    for q in ("common r5x", "r5x q3x common", "common common q7x", "q1x"):
+    # the last two: "solo" and "common" essential, "solo" exhausted at its one passage, "common" left alone
+    for q in (
+        "common r5x",
+        "r5x q3x common",
+        "common common q7x",
+        "q1x",
+        "q3x common common solo",
+        "solo common",
+    ):
         for k in (1, 3, 10):
             assert all(
                 np.array_equal(a, b)

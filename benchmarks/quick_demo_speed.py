@@ -14,12 +14,25 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def machine() -> str:
+    """The CPU model and core count (figures are compared on one machine only)."""
+    model = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        names = [ln.split(":", 1)[1].strip() for ln in cpuinfo.read_text().splitlines() if ln.startswith("model name")]
+        flags = next((ln for ln in cpuinfo.read_text().splitlines() if ln.startswith("flags")), "")
+        model = (names[0] if names else model) + (", bfloat16 units" if "avx512_bf16" in flags or "amx_bf16" in flags
+                                                  else ", no bfloat16 units")  # fmt: skip
+    return f"{model}, {os.cpu_count()} cores"
 
 
 def run_quick(source: Path, out: Path) -> dict[str, float | str]:
@@ -35,11 +48,13 @@ def run_quick(source: Path, out: Path) -> dict[str, float | str]:
     seconds = time.perf_counter() - t0
     summary = json.loads((out / "summary.json").read_text())
     seed = next(iter(summary["seeds"].values()))
+    phases = [json.loads(p.read_text()).get("phase_seconds") for p in sorted(out.rglob("row.json"))]
     return {
         "seconds": seconds,
         "load_average_before": load,
         "em_before": seed["em_before"],
         "em_after": seed["em_after"],
+        **({"phase_seconds": phases[0]} if phases and phases[0] else {}),  # revisions that record them
     }
 
 
@@ -63,13 +78,15 @@ def main() -> int:
         ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     )
     old = run_quick(tree, args.runs / "old")
+    result: dict[str, object] = {"old": {"revision": args.old, **old}, "machine": machine()}
+    args.out.write_text(json.dumps(result, indent=1) + "\n")  # the first run kept if the second is cut short
     new = run_quick(ROOT, args.runs / "new")
-    result = {
-        "old": {"revision": args.old, **old},
-        "new": {"revision": head.stdout.strip(), **new},
-        "speedup": float(old["seconds"]) / float(new["seconds"]),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
-    }
+    result.update(
+        new={"revision": head.stdout.strip(), **new},
+        speedup=float(old["seconds"]) / float(new["seconds"]),
+        ratio=float(new["seconds"]) / float(old["seconds"]),
+        created=time.strftime("%Y-%m-%dT%H:%M:%S"),
+    )
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"--quick: {old['seconds']:.0f} s ({args.old}) -> {new['seconds']:.0f} s: {result['speedup']:.2f}x")
     return 0

@@ -165,8 +165,16 @@ def passes(row: dict[str, Any]) -> bool:
             and at_least("valid_format", 0.95))  # fmt: skip
 
 
+def batch_size(row: dict[str, Any]) -> int:
+    """A row's ``warmstart.batch_size``: recorded, else read from its variant's keys, else ``OLD_BATCH``."""
+    if row.get("batch_size"):
+        return int(row["batch_size"])
+    keys = [x.split("=", 1)[1] for x in row.get("set", []) if x.startswith("warmstart.batch_size=")]
+    return int(keys[-1]) if keys else OLD_BATCH
+
+
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    rows = [{"warm_examples": (r.get("warm_steps") or 0) * r.get("batch_size", OLD_BATCH), **r} for r in rows]
+    rows = [{**r, "warm_examples": (r.get("warm_steps") or 0) * batch_size(r)} for r in rows]
     def stats(key: str) -> dict[str, float]:
         values = [r[key] for r in rows if r.get(key) is not None]
         if not values:

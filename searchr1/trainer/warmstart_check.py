@@ -147,9 +147,8 @@ class DecisionCheck:
                 use_cache=True,
                 logits_to_keep=1,
             )
-            first = torch.log_softmax(
-                context.logits[:, -1].float(), dim=-1
-            )  # predicts each candidate's first token
+            # the last position's distribution: each candidate's first token
+            first = torch.log_softmax(context.logits[:, -1].float(), dim=-1)
             scores = [
                 self._candidate_logprobs(model, cache, first, mask, positions[:, -1], cands, device)
                 for cands in ([it.search_ids for it in chunk], [it.answer_ids for it in chunk])

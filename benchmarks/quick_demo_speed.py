@@ -14,25 +14,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from searchr1.demo.hotpotqa_report import machine
+from searchr1.precision import cpu_has_fast_bf16
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def machine() -> str:
-    """The CPU model and core count (figures are compared on one machine only)."""
-    model = platform.processor() or platform.machine()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        names = [ln.split(":", 1)[1].strip() for ln in cpuinfo.read_text().splitlines() if ln.startswith("model name")]
-        flags = next((ln for ln in cpuinfo.read_text().splitlines() if ln.startswith("flags")), "")
-        model = (names[0] if names else model) + (", bfloat16 units" if "avx512_bf16" in flags or "amx_bf16" in flags
-                                                  else ", no bfloat16 units")  # fmt: skip
-    return f"{model}, {os.cpu_count()} cores"
 
 
 def run_quick(source: Path, out: Path) -> dict[str, float | str]:
@@ -78,7 +68,7 @@ def main() -> int:
         ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     )
     old = run_quick(tree, args.runs / "old")
-    result: dict[str, object] = {"old": {"revision": args.old, **old}, "machine": machine()}
+    result: dict[str, object] = {"old": {"revision": args.old, **old}, "machine": {**machine("cpu"), "bfloat16_units": cpu_has_fast_bf16()}}
     args.out.write_text(json.dumps(result, indent=1) + "\n")  # the first run kept if the second is cut short
     new = run_quick(ROOT, args.runs / "new")
     result.update(

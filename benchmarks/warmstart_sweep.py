@@ -137,7 +137,6 @@ def run_row(name: str, seed: int, runs: Path, num_test: int) -> dict[str, Any]:
         "probe_answer": probe["answer_side"]["p"],
         "warm_steps": ws.get("steps"),
         "batch_size": int(cfg.warmstart.batch_size),
-        "warm_examples": int(ws.get("steps") or 0) * int(cfg.warmstart.batch_size),
         "planned_steps": ws.get("planned_steps"),
         "kept_step": ws.get("kept_step"),
         "checks": [{k: c[k] for k in ("step", "decision_accuracy", "search_side", "answer_side", "seconds")}
@@ -232,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
             out.write_text(json.dumps(results, indent=1) + "\n")
             print(json.dumps({k: row[k] for k in ("variant", "seed", "em", "em_single", "em_multi",
                                                   "searches_single", "searches_multi", "decision",
-                                                  "warm_steps", "warm_examples", "kept_step",
+                                                  "warm_steps", "batch_size", "kept_step",
                                                   "warm_seconds")}), flush=True)  # fmt: skip
     return 0
 

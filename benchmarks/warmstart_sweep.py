@@ -63,6 +63,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
                         "template": "instruct",
                         "set": ["warmstart.epochs=4", "warmstart.max_examples=0", "warmstart.lr=1.0e-3",
                                 "warmstart.batch_size=8", "warmstart.stop_at=0.97", *HOLDOUT]},
+    "zero_e4_top10_stop": {"about": "zero_e4_stop with the adapter on the top 10 of 30 layers: the backward pass stops "
+                                   "above the other 20 (and their outputs could be cached); does it still learn "
+                                   "the decision? (issue 54 item 4)",
+                           "template": "instruct",
+                           "set": ["warmstart.epochs=4", "warmstart.max_examples=0", "warmstart.lr=1.0e-3",
+                                   "warmstart.lora_layers=10", "warmstart.stop_at=0.97", *HOLDOUT]},
     "zero_e4_dw20": {"about": "zero_e4 with the decision's tokens weighed 20x in the loss "
                              "(warmstart.decision_weight): the decision learnt in fewer steps?",
                      "template": "instruct",

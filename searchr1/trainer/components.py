@@ -175,7 +175,11 @@ def _load_hf_weights(folder: Path) -> dict[str, torch.Tensor]:
     return sd
 
 
-def _apply_lora(model: torch.nn.Module, mcfg: Any, resume_from: Path | None) -> torch.nn.Module:
+def _apply_lora(
+    model: torch.nn.Module, mcfg: Any, resume_from: Path | None, top_layers: int = 0
+) -> torch.nn.Module:
+    """``model`` with a LoRA adapter on ``mcfg.lora_targets`` (every decoder layer, or with ``top_layers`` > 0
+    the top ``top_layers`` only), or the adapter saved under ``resume_from``."""
     from peft import LoraConfig, PeftModel, get_peft_model
 
     if resume_from is not None and (resume_from / "adapter").is_dir():
@@ -185,7 +189,14 @@ def _apply_lora(model: torch.nn.Module, mcfg: Any, resume_from: Path | None) -> 
         raise ValueError(
             f"model.lora_targets: none of {mcfg.lora_targets} names a module of {type(model).__name__}"
         )
+    layers = None
+    if top_layers > 0:
+        total = int(getattr(model.config, "num_hidden_layers", 0))
+        if not 0 < top_layers <= total:
+            raise ValueError(f"LoRA on the top {top_layers} layers: {type(model).__name__} has {total}")
+        layers = list(range(total - top_layers, total))
     config = LoraConfig(
+        layers_to_transform=layers,
         r=mcfg.lora_r,
         lora_alpha=mcfg.lora_alpha,
         lora_dropout=mcfg.lora_dropout,

@@ -335,6 +335,8 @@ class WarmStartConfig:
     """Stop the warm start once the held-out decision accuracy reaches this (1.0 = run every pass)."""
     out_dir: str = ""
     """Folder of the warm start (checkpoint, model/, warmstart.json); empty = <trainer.out_dir>/warmstart."""
+    lora_layers: int = 0
+    """The warm start's adapter on the top N decoder layers only (0 = every layer, as `model.lora_*`): the layers below stay the base model's, so the backward pass stops above them. RL adapts every layer as before."""
 
     @property
     def enabled(self) -> bool:
@@ -354,7 +356,7 @@ class WarmStartConfig:
             raise ValueError(f"warmstart.stop_at must be in (0.5, 1], got {self.stop_at}")
         if self.check_every < 1:
             raise ValueError(f"warmstart.check_every must be >= 1, got {self.check_every}")
-        for key in ("warmup_steps", "max_examples", "save_every", "holdout"):
+        for key in ("warmup_steps", "max_examples", "save_every", "holdout", "lora_layers"):
             if getattr(self, key) < 0:
                 raise ValueError(f"warmstart.{key} must be >= 0, got {getattr(self, key)}")
         if self.enabled and root is not None and getattr(getattr(root, "model", None), "lora_r", 0) <= 0:

@@ -56,6 +56,7 @@ from searchr1.modeling import (
     rotate,
     unsupported_reason,
 )
+from searchr1.trainer.frozen_trunk import FrozenTrunk
 from searchr1.trainer.logprobs import (
     _scatter_rows,
     chunked_head_logprobs,
@@ -170,6 +171,9 @@ class FusedDecoder:
         self.kv_heads = weights.kv_heads
         self.head_dim = weights.head_dim
         self.eps = weights.eps
+        self.trunk: FrozenTrunk | None = None
+        """Hidden states below the lowest trained layer, cached per row (``searchr1.trainer.frozen_trunk``);
+        set only while those layers are frozen (the warm start on the top layers)."""
 
     def _key(self, dtype: torch.dtype) -> tuple[Any, ...]:
         return self.weights.key(dtype)
@@ -193,10 +197,14 @@ class FusedDecoder:
         dtype: torch.dtype,
         prefix: PrefixKV | None = None,
         keep_kv: bool = False,
+        trunk_keys: list[tuple[Any, ...]] | None = None,
     ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
         """Final normed hidden states ``[b, t, H]`` (float32) of ``input_ids [b, t]`` placed after ``prefix``
-        (positions ``p .. p + t - 1``), and with ``keep_kv`` each layer's new keys and values."""
+        (positions ``p .. p + t - 1``), and with ``keep_kv`` each layer's new keys and values. With
+        ``trunk_keys`` (``FrozenTrunk.keys``, one per row) and ``self.trunk`` set, the states entering
+        layer ``trunk.layers`` come from the trunk when it holds every row, and fill it otherwise."""
         plans, _ = self.plans(dtype)
+        trunk = self.trunk if trunk_keys is not None and not keep_kv else None
         b, t = input_ids.shape
         p = prefix.length if prefix is not None else 0
         device = input_ids.device
@@ -205,9 +213,17 @@ class FusedDecoder:
         mask = causal_mask(t, p, device)
         split = [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim]
         h = F.embedding(input_ids, self.embed.weight)
+        first = 0
+        if trunk is not None:
+            h, first = self._from_trunk(trunk, plans, h, trunk_keys or [])
         kvs = []
         with torch.autocast(device.type, enabled=False):
             for i, plan in enumerate(plans):
+                if i < first:
+                    continue
+                if trunk is not None and i == trunk.layers:  # missed: fill the trunk with this batch's rows
+                    for row, key in enumerate(trunk_keys or []):
+                        trunk.put(key, h[row, : FrozenTrunk.columns(key)])
                 x = rms_norm(h, plan.ln1, self.eps).to(dtype)
                 q, k, v = plan_linear(x, plan.qkv).split(split, dim=-1)
                 q = q.view(b, t, self.heads, self.head_dim).transpose(1, 2)
@@ -230,13 +246,31 @@ class FusedDecoder:
             h = rms_norm(h, self.norm.weight, self.eps)
         return h, kvs
 
+    def _from_trunk(
+        self, trunk: FrozenTrunk, plans: list[LayerPlan], h: torch.Tensor, keys: list[tuple[Any, ...]]
+    ) -> tuple[torch.Tensor, int]:
+        """``h`` replaced by the trunk's states and the first layer left to run, when it holds every row
+        (padding columns zero: no real token attends to them); else ``h`` and 0."""
+        if self.embed.weight.requires_grad:
+            raise ValueError("frozen trunk: the embedding is trained; hidden states cannot be cached")
+        trunk.check(plans)
+        states = trunk.lookup(keys)
+        if states is None:
+            return h, 0
+        out = torch.zeros_like(h)
+        for row, state in enumerate(states):
+            out[row, : state.shape[0]] = state
+        return out, trunk.layers
+
     def prefix(self, prefix_ids: torch.Tensor, dtype: torch.dtype) -> tuple[PrefixKV, list[torch.Tensor]]:
         """Run ``prefix_ids [p]`` once. Returns its ``PrefixKV`` (detached leaves that require gradients
         when grad mode is on) and the graph's own keys/values (for ``StepPrefix.backward``)."""
         _, kvs = self.hidden(prefix_ids[None], dtype, keep_kv=True)
         graph = [t for kv in kvs for t in kv]
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in graph)
-        leaves = [t.detach().requires_grad_(grad) for t in graph]
+        # a layer below every trained one (an adapter on the top layers only) has no graph: its leaves stay
+        # constants, and the backward pass stops above it
+        leaves = [t.detach().requires_grad_(grad and t.requires_grad) for t in graph]
         kv = PrefixKV(int(prefix_ids.shape[0]), leaves[0::2], leaves[1::2])
         return kv, (graph if grad else [])
 
@@ -350,7 +384,10 @@ def fused_token_logprobs(
     else:
         prefix = _prefix_for(decoder, input_ids, valid, dtype, min_prefix) if share_prefix else None
     p = prefix.length if prefix is not None else 0
-    hidden, _ = decoder.hidden(input_ids[:, p:], dtype, prefix)
+    trunk_keys = None
+    if decoder.trunk is not None and attention_mask is not None:  # one read from the device per micro-batch
+        trunk_keys = FrozenTrunk.keys(input_ids, attention_mask.sum(dim=1), p, dtype)
+    hidden, _ = decoder.hidden(input_ids[:, p:], dtype, prefix, trunk_keys=trunk_keys)
     keep = valid[:, p + 1 :].nonzero(as_tuple=True)  # one read from the device for both selections
     rows = hidden[:, :-1][keep]
     targets = input_ids[:, p + 1 :][keep]

@@ -62,6 +62,7 @@ from searchr1.rollout.types import Trajectory
 from searchr1.trainer import components
 from searchr1.trainer.distributed import resolve_device
 from searchr1.trainer.experience import build_experience, micro_batches
+from searchr1.trainer.frozen_trunk import FrozenTrunk
 from searchr1.trainer.policy import PolicyLogprobs
 from searchr1.trainer.tracking import ProgressBar
 from searchr1.trainer.warmstart_check import DecisionCheck, holdout_split
@@ -331,8 +332,26 @@ class WarmStart:
         """Train from the current step to the end (``stop_after``: that many steps at most, for tests of
         an interrupted stage), checkpointing every ``warmstart.save_every`` steps and at the end; with a
         held-out check, checking every ``warmstart.check_every`` steps and at the end, and stopping once the
-        check reaches ``warmstart.stop_at``."""
+        check reaches ``warmstart.stop_at``. With ``warmstart.lora_layers`` the layers below the adapter run
+        once per trajectory (``searchr1.trainer.frozen_trunk``)."""
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        decoder = self.actor.fused_decoder() if self.wcfg.lora_layers else None
+        frozen = len(decoder.layers) - self.wcfg.lora_layers if decoder is not None else 0
+        if decoder is None or frozen < 1:
+            self._run(progress, stop_after)
+            return
+        decoder.trunk = trunk = FrozenTrunk(frozen)
+        try:
+            self._run(progress, stop_after)
+        finally:
+            decoder.trunk = None
+        gib = trunk.bytes / 2**30
+        self.log(
+            f"warm start: the {frozen} layers below the adapter ran once per trajectory "
+            f"({len(trunk)} cached, {gib:.2f} GiB; {trunk.hits} rows read, {trunk.misses} computed)"
+        )
+
+    def _run(self, progress: bool, stop_after: int | None) -> None:
         bar = ProgressBar(len(self.steps), initial=self.step, enabled=progress, label="warm start")
         if self.check is not None and not self.checks:  # the starting policy, as step 0
             self._log_check(self.run_check())
@@ -450,7 +469,7 @@ def run_warm_start(
     torch.manual_seed(cfg.seed)
     if model is None:
         model = load_model(cfg.model.path, dtype=cfg.model.dtype)
-    policy = components._apply_lora(model, cfg.model, resume_from=None)
+    policy = components._apply_lora(model, cfg.model, resume_from=None, top_layers=cfg.warmstart.lora_layers)
     device = resolve_device(cfg.trainer.device)
     policy.to(device)
     stage = WarmStart(cfg, policy, tokenizer, examples, out, device=device, log=log, check=check)

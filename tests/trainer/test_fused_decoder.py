@@ -281,3 +281,74 @@ def test_the_bfloat16_fast_path_stays_near_the_float32_fast_path(world, tiny_mod
     assert float(a.norm()) > 1e-4
     error = float((a - b).norm() / a.norm())
     assert error <= BF16_GRAD_REL_ERROR, error
+
+
+# -- the frozen trunk: the layers below the adapter run once per row ---------------------------------------
+
+
+def top_layer_model() -> nn.Module:
+    """The tiny Llama (2 layers) with adapters on its top layer only."""
+    from peft import LoraConfig, get_peft_model
+
+    model = make_model("llama", lora=False)
+    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=LORA_TARGETS, layers_to_transform=[1]))
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            nn.init.normal_(p, std=0.1)
+    return model
+
+
+@pytest.mark.parametrize("prefix", ["none", "call", "step"])
+def test_a_frozen_trunk_gives_the_uncached_log_probs_and_gradients(prefix):
+    """The trunk filled by one micro-batch and read by others (rows in other company, so padded to other
+    lengths) gives the log-probs and adapter gradients of the uncached path."""
+    from searchr1.trainer.frozen_trunk import FrozenTrunk
+
+    model = top_layer_model()
+    ids, mask, target = batch(b=6, seed=7)
+    parts = [slice(0, 4), slice(2, 6), slice(1, 3)]  # rows 2 and 3 are read back in two other batches
+
+    def run(trunk: FrozenTrunk | None) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+        decoder = FusedDecoder(model)
+        decoder.trunk = trunk
+        model.zero_grad(set_to_none=True)
+        step = StepPrefix(decoder, ids[0, :PREFIX], torch.float32) if prefix == "step" else None
+        out = []
+        for rows in parts:
+            lp, _ = fused_token_logprobs(
+                decoder, ids[rows], mask[rows], target_mask=target[rows], step_prefix=step,
+                share_prefix=prefix != "none",
+            )  # fmt: skip
+            lp.sum().backward()
+            out.append(lp.detach())
+        if step is not None:
+            step.backward()
+        return out, grads(model)
+
+    plain_lp, plain_grads = run(None)
+    trunk = FrozenTrunk(1)
+    cached_lp, cached_grads = run(trunk)
+    assert (trunk.hits, trunk.misses) == (2, 8) and len(trunk) == 6  # rows 1-2 read; 0-3, then 2-5 computed
+    for a, b in zip(plain_lp, cached_lp, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert_close_grads(plain_grads, cached_grads)
+    assert all("layers.1." in n for n in cached_grads)  # the adapter of the top layer only
+    read_before = trunk.hits
+    again_lp, again_grads = run(trunk)  # every row from the trunk now
+    assert trunk.hits == read_before + 10 and len(trunk) == 6
+    assert_close_grads(plain_grads, again_grads)
+    for a, b in zip(plain_lp, again_lp, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_a_frozen_trunk_refuses_a_trained_layer_below_it():
+    from searchr1.trainer.frozen_trunk import FrozenTrunk
+
+    decoder = FusedDecoder(make_model("llama", lora=True))  # adapters on both layers
+    decoder.trunk = FrozenTrunk(1)
+    ids, mask, target = batch()
+    with pytest.raises(ValueError, match="layer 0 is trained"):
+        fused_token_logprobs(decoder, ids, mask, target_mask=target)
+    decoder.trunk = FrozenTrunk(3)
+    with pytest.raises(ValueError, match="decoder of 2"):
+        fused_token_logprobs(decoder, ids, mask, target_mask=target)

@@ -153,7 +153,7 @@ def _stage(cfg, model_dir, tokenizer, bm25, world, out):
     from searchr1.trainer.components import _apply_lora
 
     torch.manual_seed(cfg.seed)
-    policy = _apply_lora(load_model(model_dir), cfg.model, None)
+    policy = _apply_lora(load_model(model_dir), cfg.model, None, top_layers=cfg.warmstart.lora_layers)
     writer = GoldWriter(tokenizer, cfg.rollout, bm25, 1)
     ex = gold_examples(samples(world) * 3, tokenizer, str(world["template"]), writer)
     return WarmStart(cfg, policy, tokenizer, ex, out, log=lambda line: None)
@@ -448,3 +448,29 @@ def test_the_decision_weight_scales_the_decision_tokens_of_the_loss(world, token
     assert int(exp.seq_lens[0]) != int(exp.seq_lens[1])
     parts = sum(sft_loss(actor, exp, [i], float(weights.sum()), torch.device("cpu"), weights) for i in (0, 1))
     assert parts.item() == pytest.approx(loss.item(), rel=1e-5)
+
+
+def test_an_adapter_on_the_top_layer_trains_the_same_with_the_frozen_trunk_cached(
+    world, tokenizer, bm25, tiny_model_dir, tmp_path
+):
+    """warmstart.lora_layers=1 (of 2): the adapter is on the top layer only, the layer below runs once per
+    trajectory (its states cached from the first pass on), and the adapter after two passes equals the one
+    trained without the cache."""
+    cfg = config(world, tiny_model_dir, tmp_path, warmstart__lora_layers=1, warmstart__micro_batch_size=2)
+    lines: list[str] = []
+    cached = _stage(cfg, tiny_model_dir, tokenizer, bm25, world, tmp_path / "cached")
+    cached.log = lines.append
+    cached.run(progress=False)
+    plain = _stage(cfg, tiny_model_dir, tokenizer, bm25, world, tmp_path / "plain")
+    plain.out_dir.mkdir(parents=True)
+    plain._run(progress=False, stop_after=None)  # the same steps, no trunk attached
+    a, b = _adapter(cached), _adapter(plain)
+    assert a and all(".layers.1." in name for name in a)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], atol=1e-5, rtol=1e-4)
+    assert cached.losses == pytest.approx(plain.losses, rel=1e-4)
+    assert not all(torch.equal(a[k], v) for k, v in _adapter(_stage(cfg, tiny_model_dir, tokenizer, bm25, world,
+                                                                      tmp_path / "fresh")).items())  # fmt: skip
+    (line,) = [x for x in lines if "ran once per trajectory" in x]
+    computed, read = int(line.split(" computed")[0].split()[-1]), int(line.split(" rows read")[0].split()[-1])
+    assert 0 < computed <= len(cached.examples.trajectories) <= read  # at most one pass computed, the second read

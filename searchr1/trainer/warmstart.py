@@ -308,7 +308,8 @@ class WarmStart:
         strictly higher decision accuracy: a tie keeps the earlier step)."""
         assert self.check is not None
         t0 = time.perf_counter()
-        result = {"step": self.step, **self.check.measure(self.policy, self.device)}
+        decoder = self.actor.fused_decoder()
+        result = {"step": self.step, **self.check.measure(self.policy, self.device, decoder=decoder)}
         result["seconds"] = time.perf_counter() - t0
         self.checks.append(result)
         accuracy = result["decision_accuracy"]

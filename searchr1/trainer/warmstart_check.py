@@ -18,7 +18,9 @@ With ``x`` the prompt, the first gold search turn, its real observation and the 
 
 It is the two-sided decision probe of ``searchr1.evaluation.probe`` without the greedy decoding: one
 forward pass over the contexts, the candidates after them on the cached keys and values, so it costs seconds
-and can run during training. ``right_share`` is the share of questions whose right candidate is the likelier
+and can run during training. Where the update's fused decoder applies, the warm start scores each (context,
+candidate) row through it instead: the shared prompt prefix runs once, and with the adapter on the top layers
+only the layers below run at the first check alone (``fused_continuation_logprobs``). ``right_share`` is the share of questions whose right candidate is the likelier
 one. The warm start keeps the adapter of its best
 check (``WarmStart``) and stops once ``warmstart.stop_at`` is reached.
 
@@ -156,6 +158,33 @@ class DecisionCheck:
             out.extend(zip(*scores, strict=True))
         return out
 
+    @torch.no_grad()
+    def fused_continuation_logprobs(self, decoder: Any) -> list[tuple[float, float]]:
+        """The same pairs through the update's fused decoder (``searchr1.trainer.fused_decoder``): each
+        (context, candidate) one right-padded row, ``2 * batch_size`` rows a pass, the candidate's tokens the
+        targets. The prompt prefix the rows share runs once a pass, and with a frozen trunk attached
+        (``FrozenTrunk``, the warm start on its top layers) the layers below it run at the first check only."""
+        from searchr1.trainer.fused_decoder import fused_token_logprobs
+
+        rows = [(it.context, cand) for it in self.items for cand in (it.search_ids, it.answer_ids)]
+        scores: list[float] = []
+        device = decoder.embed.weight.device
+        for start in range(0, len(rows), 2 * self.batch_size):
+            chunk = rows[start : start + 2 * self.batch_size]
+            width = max(len(ctx) + len(cand) for ctx, cand in chunk)
+            ids = torch.full((len(chunk), width), self.pad_id, dtype=torch.long)
+            mask = torch.zeros((len(chunk), width), dtype=torch.long)
+            target = torch.zeros((len(chunk), width), dtype=torch.bool)
+            for r, (ctx, cand) in enumerate(chunk):
+                ids[r, : len(ctx) + len(cand)] = torch.tensor([*ctx, *cand])
+                mask[r, : len(ctx) + len(cand)] = 1
+                target[r, len(ctx) : len(ctx) + len(cand)] = True
+            lp, _ = fused_token_logprobs(
+                decoder, ids.to(device), mask.to(device), target_mask=target.to(device)
+            )
+            scores.extend((lp.float() * target.to(device)).sum(dim=1).tolist())
+        return list(zip(scores[0::2], scores[1::2], strict=True))
+
     def _candidate_logprobs(
         self,
         model: Any,
@@ -191,13 +220,17 @@ class DecisionCheck:
             totals[r] += sum(float(logp[r, j, c[j + 1]]) for j in range(len(c) - 1))
         return totals
 
-    def measure(self, model: Any, device: torch.device) -> dict[str, Any]:
+    def measure(self, model: Any, device: torch.device, decoder: Any = None) -> dict[str, Any]:
         """``decision_accuracy`` and, per side, ``p`` (the mean probability of the right candidate against
-        the wrong one), ``right_share`` and ``questions``; None where a side has no question."""
+        the wrong one), ``right_share`` and ``questions``; None where a side has no question. With
+        ``decoder`` (the fused decoder of ``model``) the pairs come from ``fused_continuation_logprobs``."""
         was_training = model.training
         model.eval()
         try:
-            pairs = self.continuation_logprobs(model, device)
+            if decoder is not None:
+                pairs = self.fused_continuation_logprobs(decoder)
+            else:
+                pairs = self.continuation_logprobs(model, device)
         finally:
             model.train(was_training)
         sides: dict[str, dict[str, Any]] = {}

@@ -341,7 +341,18 @@ def test_the_decision_check_scores_both_candidates_as_one_unpadded_pass_does(
         for item, (log_s, log_a) in zip(other.items, scored, strict=True):
             assert log_s == pytest.approx(alone(item.context, item.search_ids), abs=1e-4)
             assert log_a == pytest.approx(alone(item.context, item.answer_ids), abs=1e-4)
+    # through the fused decoder: each (context, candidate) a row, rows of other lengths in one pass
+    from searchr1.trainer.fused_decoder import FusedDecoder
+
+    for other.batch_size in (1, 2):
+        scored = other.fused_continuation_logprobs(FusedDecoder(model))
+        for item, (log_s, log_a) in zip(other.items, scored, strict=True):
+            assert log_s == pytest.approx(alone(item.context, item.search_ids), abs=1e-4)
+            assert log_a == pytest.approx(alone(item.context, item.answer_ids), abs=1e-4)
     result = check.measure(model, torch.device("cpu"))
+    fused = check.measure(model, torch.device("cpu"), decoder=FusedDecoder(model))
+    assert fused["decision_accuracy"] == pytest.approx(result["decision_accuracy"], abs=1e-5)
+    assert fused["search_side"]["p"] == pytest.approx(result["search_side"]["p"], abs=1e-5)
     p_search = [float(torch.sigmoid(torch.tensor(s - a))) for s, a in pairs]
     assert result["search_side"]["p"] == pytest.approx(p_search[0])
     assert result["answer_side"]["p"] == pytest.approx(1 - p_search[1])
@@ -356,7 +367,7 @@ class _ScriptedCheck:
         self.items = []
         self.seen = []
 
-    def measure(self, policy, device):
+    def measure(self, policy, device, decoder=None):
         self.seen.append({n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad})
         acc = self.accuracies[len(self.seen) - 1]
         side = {"questions": 1, "p": acc, "right_share": float(acc > 0.5)}

@@ -25,6 +25,9 @@ and gradients equal (up to float rounding; tested against the Hugging Face path 
   micro-batches, and one backward pass through the prefix at the end of the step (``StepPrefix.backward``)
   adds its share to the weights' gradients. Since the loss reads the prefix only through its keys and
   values, this is the same gradient as recomputing the prefix in every micro-batch.
+* **A frozen trunk, when one is attached** (``FusedDecoder.trunk``, ``searchr1.trainer.frozen_trunk``): with
+  trained tensors only in the top layers, the states entering the lowest trained layer are read per row
+  from the trunk, or computed and kept there (one read of the rows' lengths from the device per micro-batch).
 
 Host syncs (a read of a device value by the host stalls it until the GPU has run everything queued): none
 per layer in the forward or the backward (no ``.item()``, ``.cpu()``, ``nonzero`` or branch on a tensor's

@@ -49,6 +49,7 @@ from searchr1.rollout.gold import (
     gold_path,
     sentence_naming,
 )
+from searchr1.trainer.fused_decoder import fused_token_logprobs
 
 SEARCH_CONTINUATION = " I should search"
 ANSWER_CONTINUATION = f" {THINK_CLOSE}\n{ANSWER_OPEN}"
@@ -164,8 +165,6 @@ class DecisionCheck:
         (context, candidate) one right-padded row, ``2 * batch_size`` rows a pass, the candidate's tokens the
         targets. The prompt prefix the rows share runs once a pass, and with a frozen trunk attached
         (``FrozenTrunk``, the warm start on its top layers) the layers below it run at the first check only."""
-        from searchr1.trainer.fused_decoder import fused_token_logprobs
-
         rows = [(it.context, cand) for it in self.items for cand in (it.search_ids, it.answer_ids)]
         scores: list[float] = []
         device = decoder.embed.weight.device

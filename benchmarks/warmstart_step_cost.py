@@ -26,6 +26,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -40,15 +41,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     import torch
-    from warmstart_sweep import HOLDOUT, load_average, tuning_world
+    from warmstart_sweep import HOLDOUT, tuning_world
 
     from searchr1.data.prompts import resolve_template
     from searchr1.demo.settings import resolve_starting_model, rl_config
     from searchr1.models import load_model, load_tokenizer
-    from searchr1.precision import cpu_has_fast_bf16
     from searchr1.rollout.gold import GoldWriter
     from searchr1.trainer.components import _apply_lora
-    from searchr1.trainer.frozen_trunk import FrozenTrunk
     from searchr1.trainer.warmstart import WarmStart, gold_examples
     from searchr1.trainer.warmstart_check import holdout_split
 
@@ -65,18 +64,28 @@ def main(argv: list[str] | None = None) -> int:
 
     def stage(top: int) -> WarmStart:
         torch.manual_seed(args.seed)
-        policy = _apply_lora(load_model(model_dir), cfg.model, None, top_layers=top)
-        return WarmStart(cfg, policy, tokenizer, examples, out / f"top{top}", log=lambda line: None)
+        run_cfg = rl_config(settings, args.seed, out / "run", prompt, model_dir, [*keys, f"warmstart.lora_layers={top}"])
+        policy = _apply_lora(load_model(model_dir), run_cfg.model, None, top_layers=top)
+        return WarmStart(run_cfg, policy, tokenizer, examples, out / f"top{top}", log=lambda line: None)
 
     every, top = stage(0), stage(args.top)
-    decoder = top.actor.fused_decoder()
-    if decoder is None:
-        raise SystemExit("the fused decoder does not apply to this model: nothing to compare")
-    layers = len(decoder.layers)
-    decoder.trunk = trunk = FrozenTrunk(layers - args.top)
+    with top.frozen_trunk() as trunk:
+        if trunk is None:
+            raise SystemExit("the fused decoder does not apply to this model: nothing to compare")
+        return measure(args, cfg, examples, every, top, trunk)
+
+
+def measure(args: argparse.Namespace, cfg: Any, examples: Any, every: Any, top: Any, trunk: Any) -> int:
+    """The timed steps of ``every`` (the adapter on every layer) and ``top`` (its trunk attached)."""
+    import torch
+    from warmstart_sweep import load_average
+
+    from searchr1.precision import cpu_has_fast_bf16
+
+    layers = trunk.layers + args.top
     load_before = load_average()
 
-    def timed(st: WarmStart, rows: list[int]) -> float:
+    def timed(st: Any, rows: list[int]) -> float:
         t0 = time.perf_counter()
         st.train_step(rows)
         return time.perf_counter() - t0

@@ -19,12 +19,27 @@ after.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import NamedTuple
 
 import torch
 
 DEFAULT_MAX_BYTES = 2 * 2**30
 """The cache's bound: rows beyond it are computed every time (SmolLM2-135M: ~2.3 KB a token)."""
+
+
+class TrunkKey(NamedTuple):
+    """A row's place in the trunk: the column its computed part starts at, its real length, the compute
+    dtype and its real tokens (the shared prefix included)."""
+
+    start: int
+    length: int
+    dtype: str
+    tokens: bytes
+
+    @property
+    def columns(self) -> int:
+        """The computed columns (the real tokens after ``start``)."""
+        return max(0, self.length - self.start)
 
 
 class FrozenTrunk:
@@ -38,26 +53,19 @@ class FrozenTrunk:
         self.bytes = 0
         self.hits = 0
         self.misses = 0
-        self._states: dict[tuple[Any, ...], torch.Tensor] = {}
+        self._states: dict[TrunkKey, torch.Tensor] = {}
 
     @staticmethod
-    def keys(
-        input_ids: torch.Tensor, lengths: torch.Tensor, start: int, dtype: torch.dtype
-    ) -> list[tuple[Any, ...]]:
+    def keys(input_ids: torch.Tensor, lengths: torch.Tensor, start: int, dtype: torch.dtype) -> list[TrunkKey]:
         """One key per row of ``input_ids [b, T]`` (right-padded, ``lengths`` real tokens each) whose columns
         from ``start`` on are computed."""
         rows = input_ids.cpu()
         return [
-            (start, int(n), str(dtype), rows[i, : int(n)].numpy().tobytes())
+            TrunkKey(start, int(n), str(dtype), rows[i, : int(n)].numpy().tobytes())
             for i, n in enumerate(lengths.tolist())
         ]
 
-    @staticmethod
-    def columns(key: tuple[Any, ...]) -> int:
-        """The computed columns of a key's row (its real tokens after the start column)."""
-        return max(0, int(key[1]) - int(key[0]))
-
-    def lookup(self, keys: list[tuple[Any, ...]]) -> list[torch.Tensor] | None:
+    def lookup(self, keys: list[TrunkKey]) -> list[torch.Tensor] | None:
         """The states of every key, or None when one is missing (then the whole batch is computed: ``misses``
         counts its rows, ``hits`` the rows served)."""
         states = [self._states.get(key) for key in keys]
@@ -67,14 +75,14 @@ class FrozenTrunk:
         self.hits += len(keys)
         return states  # type: ignore[return-value]
 
-    def put(self, key: tuple[Any, ...], state: torch.Tensor) -> None:
+    def put(self, key: TrunkKey, state: torch.Tensor) -> None:
         size = state.numel() * state.element_size()
         if key in self._states or self.bytes + size > self.max_bytes:
             return
         self._states[key] = state.detach().clone()
         self.bytes += size
 
-    def check(self, plans: list[Any]) -> None:
+    def check(self, plans: list) -> None:
         """Refuse when a layer below ``layers`` tracks a trained tensor (its cached states would go stale)."""
         if self.layers > len(plans):
             raise ValueError(f"frozen trunk of {self.layers} layers on a decoder of {len(plans)}")
@@ -88,4 +96,4 @@ class FrozenTrunk:
         return len(self._states)
 
 
-__all__ = ["DEFAULT_MAX_BYTES", "FrozenTrunk"]
+__all__ = ["DEFAULT_MAX_BYTES", "FrozenTrunk", "TrunkKey"]

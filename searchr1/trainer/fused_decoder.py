@@ -59,7 +59,7 @@ from searchr1.modeling import (
     rotate,
     unsupported_reason,
 )
-from searchr1.trainer.frozen_trunk import FrozenTrunk
+from searchr1.trainer.frozen_trunk import FrozenTrunk, TrunkKey
 from searchr1.trainer.logprobs import (
     _scatter_rows,
     chunked_head_logprobs,
@@ -200,7 +200,7 @@ class FusedDecoder:
         dtype: torch.dtype,
         prefix: PrefixKV | None = None,
         keep_kv: bool = False,
-        trunk_keys: list[tuple[Any, ...]] | None = None,
+        trunk_keys: list[TrunkKey] | None = None,
     ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
         """Final normed hidden states ``[b, t, H]`` (float32) of ``input_ids [b, t]`` placed after ``prefix``
         (positions ``p .. p + t - 1``), and with ``keep_kv`` each layer's new keys and values. With
@@ -226,7 +226,7 @@ class FusedDecoder:
                     continue
                 if trunk is not None and i == trunk.layers:  # missed: fill the trunk with this batch's rows
                     for row, key in enumerate(trunk_keys or []):
-                        trunk.put(key, h[row, : FrozenTrunk.columns(key)])
+                        trunk.put(key, h[row, : key.columns])
                 x = rms_norm(h, plan.ln1, self.eps).to(dtype)
                 q, k, v = plan_linear(x, plan.qkv).split(split, dim=-1)
                 q = q.view(b, t, self.heads, self.head_dim).transpose(1, 2)
@@ -250,7 +250,7 @@ class FusedDecoder:
         return h, kvs
 
     def _from_trunk(
-        self, trunk: FrozenTrunk, plans: list[LayerPlan], h: torch.Tensor, keys: list[tuple[Any, ...]]
+        self, trunk: FrozenTrunk, plans: list[LayerPlan], h: torch.Tensor, keys: list[TrunkKey]
     ) -> tuple[torch.Tensor, int]:
         """``h`` replaced by the trunk's states and the first layer left to run, when it holds every row
         (padding columns zero: no real token attends to them); else ``h`` and 0."""

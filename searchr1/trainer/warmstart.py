@@ -38,6 +38,7 @@ where no row has one is refused (``WarmStartError``) before any model loads.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -45,7 +46,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -336,21 +337,29 @@ class WarmStart:
         check reaches ``warmstart.stop_at``. With ``warmstart.lora_layers`` the layers below the adapter run
         once per trajectory (``searchr1.trainer.frozen_trunk``)."""
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        with self.frozen_trunk() as trunk:
+            self._run(progress, stop_after)
+        if trunk is not None:
+            gib = trunk.bytes / 2**30
+            self.log(
+                f"warm start: the {trunk.layers} layers below the adapter ran once per trajectory "
+                f"({len(trunk)} cached, {gib:.2f} GiB; {trunk.hits} rows read, {trunk.misses} computed)"
+            )
+
+    @contextlib.contextmanager
+    def frozen_trunk(self) -> Iterator[FrozenTrunk | None]:
+        """With ``warmstart.lora_layers`` (and the fused decoder), a ``FrozenTrunk`` of the layers below the
+        adapter attached to the decoder for the block, detached after it; else None."""
         decoder = self.actor.fused_decoder() if self.wcfg.lora_layers else None
         frozen = len(decoder.layers) - self.wcfg.lora_layers if decoder is not None else 0
         if decoder is None or frozen < 1:
-            self._run(progress, stop_after)
+            yield None
             return
         decoder.trunk = trunk = FrozenTrunk(frozen)
         try:
-            self._run(progress, stop_after)
+            yield trunk
         finally:
             decoder.trunk = None
-        gib = trunk.bytes / 2**30
-        self.log(
-            f"warm start: the {frozen} layers below the adapter ran once per trajectory "
-            f"({len(trunk)} cached, {gib:.2f} GiB; {trunk.hits} rows read, {trunk.misses} computed)"
-        )
 
     def _run(self, progress: bool, stop_after: int | None) -> None:
         bar = ProgressBar(len(self.steps), initial=self.step, enabled=progress, label="warm start")

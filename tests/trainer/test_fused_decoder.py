@@ -341,7 +341,7 @@ def test_a_frozen_trunk_gives_the_uncached_log_probs_and_gradients(prefix):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
-def test_a_frozen_trunk_refuses_a_trained_layer_below_it():
+def test_a_frozen_trunk_refuses_a_trained_layer_or_embedding_below_it():
     from searchr1.trainer.frozen_trunk import FrozenTrunk
 
     decoder = FusedDecoder(make_model("llama", lora=True))  # adapters on both layers
@@ -351,4 +351,10 @@ def test_a_frozen_trunk_refuses_a_trained_layer_below_it():
         fused_token_logprobs(decoder, ids, mask, target_mask=target)
     decoder.trunk = FrozenTrunk(3)
     with pytest.raises(ValueError, match="decoder of 2"):
+        fused_token_logprobs(decoder, ids, mask, target_mask=target)
+    trained_embedding = top_layer_model()
+    trained_embedding.get_input_embeddings().weight.requires_grad_(True)
+    decoder = FusedDecoder(trained_embedding)
+    decoder.trunk = FrozenTrunk(1)
+    with pytest.raises(ValueError, match="embedding is trained"):
         fused_token_logprobs(decoder, ids, mask, target_mask=target)

@@ -12,16 +12,25 @@ Lucene's ``lucene_N`` and the peer queries ``peer_queries_N.jsonl``), one thread
 4. per query the ratio of our time to Lucene's, and whether both return the same top 3.
 
 The target: our slowest query no slower than 2x Lucene's time on the same query. Prints a table and writes
-``benchmarks/results/bm25_slowest.json`` (each size its own entry).
+``benchmarks/results/bm25_slowest.json`` (each size its own entry):
 
     SEARCHR1_PYSERINI_PYTHON=/work/venv-pyserini/bin/python \\
         python benchmarks/bm25_slowest.py --reuse /work/scratch-56 --n 4000000
+
+With ``--slowest`` equal to the number of queries, every query is timed on both sides; once the output file
+holds two such sizes, its ``scaling`` entry gives how each one's mean time a query grows with the corpus:
+``t ~ N^e``, ``e = log(t2 / t1) / log(N2 / N1)`` (one thread, one query a call: the kernel and the per-query
+work of each library, without the fixed costs of a batch that flatten a throughput exponent):
+
+    python benchmarks/bm25_slowest.py --reuse /work/scratch-56 --n 1000000 --slowest 4096 \\
+        --out benchmarks/results/bm25_per_query_all.json   # then the same with --n 4000000
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -66,6 +75,21 @@ def lucene_times(exe: str, reuse: Path, n: int, timed: list[int], repeats: int) 
     if proc.returncode != 0:
         raise RuntimeError(f"pyserini per-query run failed: {proc.stderr.strip().splitlines()[-1:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def scaling(saved: dict[str, Any]) -> dict[str, Any] | None:
+    """Mean time a query against corpus size over the two largest sizes of ``saved`` that timed every query
+    on both sides: ``t ~ N^e`` for ours and for Lucene (None with fewer than two such sizes)."""
+    full = sorted((int(n), e) for n, e in saved.items() if n.isdigit() and e["slowest"] == e["queries"])
+    if len(full) < 2:
+        return None
+    (n1, a), (n2, b) = full[-2], full[-1]
+    grow = math.log(n2 / n1)
+    return {"sizes": [n1, n2],
+            "ours_mean_ms": [a["ours_mean_ms_all"], b["ours_mean_ms_all"]],
+            "lucene_mean_ms": [a["lucene_mean_ms_slowest"], b["lucene_mean_ms_slowest"]],
+            "ours_time_exponent": math.log(b["ours_mean_ms_all"] / a["ours_mean_ms_all"]) / grow,
+            "lucene_time_exponent": math.log(b["lucene_mean_ms_slowest"] / a["lucene_mean_ms_slowest"]) / grow}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,6 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     saved = json.loads(out.read_text()) if out.is_file() else {}
     saved[str(args.n)] = result
+    if (grown := scaling(saved)) is not None:
+        saved["scaling"] = grown
+        print(f"  mean time a query from {grown['sizes'][0]:,} to {grown['sizes'][1]:,} passages: ours ~N^"
+              f"{grown['ours_time_exponent']:.2f}, Lucene ~N^{grown['lucene_time_exponent']:.2f}")  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(saved, indent=1) + "\n")
     return 0

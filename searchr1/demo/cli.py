@@ -100,7 +100,8 @@ def add_arguments(parser: Any) -> None:
         type=int,
         default=1,
         help="runs trained at the same time, each in its own process pinned to its share of the cores "
-        "(default 1: one run after another with --threads threads)",
+        "(default 1: one run after another with --threads threads); --data hotpotqa: the starting model's "
+        "evaluations, rl and each warm_rl seed at once, the warm start in the main process",
     )
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"starting model (default {DEFAULT_MODEL})")
     parser.add_argument(

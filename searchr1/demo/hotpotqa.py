@@ -19,7 +19,9 @@ the one evaluated. Each row gives ``em``, ``f1``, ``valid_format``, ``searches_b
 ``searches_comparison`` (searches per question of each type), the RL rows ``em_by_seed``, ``em_mean`` and
 ``em_std`` too, and ``minutes``; ``summary.json`` in the run folder holds them with the split and the
 settings, and the console prints them as a table. A finished row is kept in ``rows/`` and not run again
-when the same command runs into the same folder (``--rows`` picks rows).
+when the same command runs into the same folder (``--rows`` picks rows). With ``--jobs N`` the runs go to N
+worker processes at once (``run_rows``): the starting model's evaluations, ``rl`` and each seed of ``warm_rl``
+a process each, the warm start in the main process while the first ones run; on a GPU they share the card.
 
 The pieces: ``hotpotqa_data`` (split and corpus), this module (the rows), ``hotpotqa_report`` (the numbers,
 the table, the results file), ``hotpotqa_cli`` (the flags of ``searchr1 demo`` that reach it).
@@ -49,6 +51,7 @@ from searchr1.demo.settings import (
     resolve_starting_model,
     write_prompt,
 )
+from searchr1.demo.workers import worker_pool
 from searchr1.evaluation import evaluate
 from searchr1.models import DEFAULT_MODEL, load_model, load_tokenizer
 from searchr1.trainer.warmstart import run_warm_start
@@ -98,6 +101,9 @@ class HotpotQASettings:
     overrides: list[str] = field(default_factory=list)
     """Dotted ``key=value`` overrides of the recipe (``trainer.device=cuda`` ...), for every stage."""
     quick: bool = False
+    jobs: int = 1
+    """Worker processes for the runs (``run_rows``): the starting model's evaluations, ``rl`` and each seed of
+    ``warm_rl`` at once (on a GPU, the card shared); 1: one after another in this process."""
 
     @classmethod
     def quick_settings(cls) -> HotpotQASettings:
@@ -112,8 +118,8 @@ class HotpotQASettings:
         )  # fmt: skip
 
     def fingerprint(self) -> str:
-        """What a folder's finished rows must have been run with (everything but ``rows``)."""
-        keys = {k: v for k, v in asdict(self).items() if k != "rows"}
+        """What a folder's finished rows must have been run with (everything but ``rows`` and ``jobs``)."""
+        keys = {k: v for k, v in asdict(self).items() if k not in ("rows", "jobs")}
         return hashlib.sha256(json.dumps(keys, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -150,7 +156,7 @@ def validate(settings: HotpotQASettings) -> Path:
         raise ValueError(
             f"--rows: expected some of {', '.join(ROWS)}, got {' '.join(settings.rows) or 'none'}"
         )
-    for flag, value, least in (("--val-questions", settings.val_questions, 1),
+    for flag, value, least in (("--val-questions", settings.val_questions, 1), ("--jobs", settings.jobs, 1),
                                ("--train-questions", settings.train_questions, 0),
                                ("--num-test", settings.test_questions, 0), ("--steps", settings.steps, 0)):  # fmt: skip
         if value < least:
@@ -208,7 +214,7 @@ class Stage:
 
         if out_dir.exists():
             shutil.rmtree(out_dir)
-        # the trainer never runs the warm start itself (``warm_rows`` runs it once, for every seed): the
+        # the trainer never runs the warm start itself (``warm_start`` runs it once, for every seed): the
         # shared RL_ONLY_OVERRIDES (``warmstart.epochs=0``) turn it off
         cfg = recipe(self.settings, seed, out_dir, self.prompt, model_dir, [*extra, *RL_ONLY_OVERRIDES])
         trainer = RLTrainer(
@@ -245,85 +251,170 @@ def _line(name: str, row: dict[str, Any]) -> str:
             f"({row['minutes']:.1f} min)")  # fmt: skip
 
 
-def starting_rows(stage: Stage, wanted: Sequence[str], rows: dict[str, Any]) -> None:
-    """``direct``, ``rag`` and ``agent`` (the starting model), then ``rl`` (RL from it, the first seed)."""
-    todo = [r for r in ("direct", "rag", "agent", "rl") if r in wanted and r not in rows]
-    if not todo:
-        return
-    seed = stage.settings.seeds[0]
-    trainer = stage.trainer(seed, stage.out / "rl", stage.model_dir, RL_ONLY_OVERRIDES)
+START_ROWS = ("direct", "rag", "agent")
+"""The starting model's rows: evaluations only, on one trainer."""
+
+
+def start_unit(stage: Stage, modes: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """``direct``, ``rag`` and ``agent`` (those of ``modes``): the starting model evaluated, each row kept."""
+    rows: dict[str, dict[str, Any]] = {}
+    trainer = stage.trainer(stage.settings.seeds[0], stage.out / "start", stage.model_dir, RL_ONLY_OVERRIDES)
     try:
-        for mode in ("direct", "rag", "agent"):
-            if mode in todo:
+        for mode in START_ROWS:
+            if mode in modes:
                 t = time.perf_counter()
                 row = stage.evaluate(trainer, mode, stage.out / "eval" / mode)
                 row["minutes"] = (time.perf_counter() - t) / 60
                 rows[mode] = stage.keep(mode, row)
                 stage.log(_line(mode, row))
-        if "rl" in todo:
-            t = time.perf_counter()
-            stage.log(f"rl: RL from the starting model, seed {seed}")
-            run = stage.train(trainer, "rl")
-            row = stage.evaluate(trainer, "agent", stage.out / "eval" / "rl")
-            row = seed_rows({seed: {**row, **run}})
-            row["minutes"] = (time.perf_counter() - t) / 60
-            rows["rl"] = stage.keep("rl", row)
-            stage.log(_line("rl", row))
     finally:
         trainer.close()
+    return rows
 
 
-def warm_rows(stage: Stage, wanted: Sequence[str], rows: dict[str, Any]) -> None:
-    """The warm start (once), ``warm`` (its policy alone), then ``warm_rl`` (RL from it, every seed)."""
+def rl_unit(stage: Stage) -> dict[str, Any]:
+    """``rl``: RL from the starting model (the first seed), then its evaluation; the row kept."""
+    seed = stage.settings.seeds[0]
+    t = time.perf_counter()
+    trainer = stage.trainer(seed, stage.out / "rl", stage.model_dir, RL_ONLY_OVERRIDES)
+    try:
+        stage.log(f"rl: RL from the starting model, seed {seed}")
+        run = stage.train(trainer, "rl")
+        row = stage.evaluate(trainer, "agent", stage.out / "eval" / "rl")
+    finally:
+        trainer.close()
+    row = seed_rows({seed: {**row, **run}})
+    row["minutes"] = (time.perf_counter() - t) / 60
+    stage.log(_line("rl", row))
+    return stage.keep("rl", row)
+
+
+def warm_start(stage: Stage) -> tuple[Any, float]:
+    """The warm start on the training questions' gold paths, once for every seed (a finished one in the
+    folder is reused): (its result, minutes)."""
     import gc
 
-    todo = [r for r in ("warm", "warm_rl") if r in wanted and r not in rows]
-    if not todo:
-        return
-    settings = stage.settings
     t0 = time.perf_counter()
-    cfg = recipe(settings, settings.seeds[0], stage.out / "warm", stage.prompt, stage.model_dir,
+    cfg = recipe(stage.settings, stage.settings.seeds[0], stage.out / "warm", stage.prompt, stage.model_dir,
                  [f"warmstart.out_dir={stage.out / 'warm_start'}"])  # fmt: skip
     gc.collect()
     result = run_warm_start(
         cfg, model=load_model(stage.model_dir), retriever=stage.retriever, train_samples=stage.data.train,
         progress=cfg.trainer.progress_bar, log=lambda line: stage.log(f"  {line}"),
     )  # fmt: skip
-    warm_minutes = (time.perf_counter() - t0) / 60
-    per_seed: dict[int, dict[str, Any]] = {}
+    return result, (time.perf_counter() - t0) / 60
+
+
+def warm_unit(stage: Stage, model_dir: Path, summary: dict[str, Any], warm_minutes: float) -> dict[str, Any]:
+    """``warm``: the warm start's policy alone (``model_dir``), evaluated; the row kept."""
+    t = time.perf_counter()
+    trainer = stage.trainer(stage.settings.seeds[0], stage.out / "warm_eval", model_dir)
+    try:
+        row = stage.evaluate(trainer, "agent", stage.out / "eval" / "warm")
+    finally:
+        trainer.close()
+    row["warm_start"] = {key: v for key, v in summary.items() if key != "losses"}
+    row["minutes"] = warm_minutes + (time.perf_counter() - t) / 60
+    stage.log(_line("warm", row))
+    return stage.keep("warm", row)
+
+
+def warm_rl_unit(stage: Stage, seed: int, model_dir: Path) -> dict[str, Any]:
+    """One seed of ``warm_rl``: RL from the warm start's policy (``model_dir``), then its evaluation; the
+    seed's row kept (``warm_rl_seed_<seed>``)."""
+    t = time.perf_counter()
+    trainer = stage.trainer(seed, stage.out / "warm_rl" / f"seed_{seed}", model_dir)
+    try:
+        stage.log(f"warm_rl: RL from the warm start, seed {seed}")
+        run = stage.train(trainer, f"warm_rl seed {seed}")
+        row = stage.evaluate(trainer, "agent", stage.out / "eval" / f"warm_rl_seed_{seed}")
+    finally:
+        trainer.close()
+    return stage.keep(f"warm_rl_seed_{seed}", {**row, **run, "minutes": (time.perf_counter() - t) / 60})
+
+
+def run_rows(stage: Stage, wanted: Sequence[str], rows: dict[str, Any], jobs: int = 1) -> None:
+    """The rows of ``wanted`` not in ``rows`` (those finished before), one after another, or with ``jobs`` > 1
+    in that many worker processes at once (the evaluations of the starting model, ``rl`` and each seed of
+    ``warm_rl`` a process each; the warm start in this process, as soon as the pool has started, and the runs
+    that need it after it)."""
+    import gc
+
+    start = [m for m in START_ROWS if m in wanted and m not in rows]
+    seeds = stage.settings.seeds
+    warm_rl = "warm_rl" in wanted and "warm_rl" not in rows
+    per_seed = {s: row for s in seeds if warm_rl and (row := stage.done(f"warm_rl_seed_{s}")) is not None}
+    for s in per_seed:
+        stage.log(f"warm_rl, seed {s}: done before")
+    todo_seeds = [s for s in seeds if warm_rl and s not in per_seed]
+    need_warm_start = ("warm" in wanted and "warm" not in rows) or bool(todo_seeds)
     t_rl = time.perf_counter()
-    for k, seed in enumerate(settings.seeds):
-        name = f"warm_rl_seed_{seed}"
-        if "warm_rl" in todo and (earlier := stage.done(name)) is not None:
-            per_seed[seed] = earlier
-            stage.log(f"warm_rl, seed {seed}: done before")
-            continue
-        if "warm_rl" not in todo and not (k == 0 and "warm" in todo):
-            break
-        gc.collect()
-        trainer = stage.trainer(seed, stage.out / "warm_rl" / f"seed_{seed}", result.model_dir)
-        try:
-            if k == 0 and "warm" in todo:
-                t = time.perf_counter()
-                row = stage.evaluate(trainer, "agent", stage.out / "eval" / "warm")
-                row["warm_start"] = {key: v for key, v in result.summary.items() if key != "losses"}
-                row["minutes"] = warm_minutes + (time.perf_counter() - t) / 60
-                rows["warm"] = stage.keep("warm", row)
-                stage.log(_line("warm", row))
-            if "warm_rl" in todo:
-                stage.log(f"warm_rl: RL from the warm start, seed {seed}")
-                run = stage.train(trainer, f"warm_rl seed {seed}")
-                row = stage.evaluate(trainer, "agent", stage.out / "eval" / f"warm_rl_seed_{seed}")
-                per_seed[seed] = stage.keep(name, {**row, **run})
-        finally:
-            trainer.close()
-            del trainer
-    if "warm_rl" in todo:
-        row = seed_rows(per_seed)
+    if jobs <= 1:
+        if start:
+            rows.update(start_unit(stage, start))
+        if "rl" in wanted and "rl" not in rows:
+            gc.collect()
+            rows["rl"] = rl_unit(stage)
+        if need_warm_start:
+            result, warm_minutes = warm_start(stage)
+            t_rl = time.perf_counter()
+            if "warm" in wanted and "warm" not in rows:
+                gc.collect()
+                rows["warm"] = warm_unit(stage, result.model_dir, result.summary, warm_minutes)
+            for s in todo_seeds:
+                gc.collect()
+                per_seed[s] = warm_rl_unit(stage, s, result.model_dir)
+    else:
+        with worker_pool(jobs) as pool:
+            args = (str(stage.out), stage.settings, str(stage.prompt))
+            futures = {}
+            if start:
+                futures["start"] = pool.submit(_unit_in_worker, *args, "start", tuple(start))
+            if "rl" in wanted and "rl" not in rows:
+                futures["rl"] = pool.submit(_unit_in_worker, *args, "rl")
+            if need_warm_start:
+                result, warm_minutes = warm_start(stage)
+                t_rl = time.perf_counter()
+                model_dir = str(result.model_dir)
+                if "warm" in wanted and "warm" not in rows:
+                    futures["warm"] = pool.submit(_unit_in_worker, *args, "warm", model_dir, result.summary,
+                                                  warm_minutes)  # fmt: skip
+                for s in todo_seeds:
+                    futures[f"warm_rl_seed_{s}"] = pool.submit(_unit_in_worker, *args, "warm_rl", s, model_dir)
+            for name, future in futures.items():
+                got = future.result()
+                if name == "start":
+                    rows.update(got)
+                elif name.startswith("warm_rl_seed_"):
+                    per_seed[int(name.rsplit("_", 1)[1])] = got
+                else:
+                    rows[name] = got
+    if warm_rl:
+        row = seed_rows({s: per_seed[s] for s in seeds})
         row["minutes"] = (time.perf_counter() - t_rl) / 60
-        row["warm_start_minutes"] = warm_minutes
+        row["warm_start_minutes"] = warm_minutes if need_warm_start else None
         rows["warm_rl"] = stage.keep("warm_rl", row)
         stage.log(_line("warm_rl", row))
+
+
+def _unit_in_worker(out: str, settings: HotpotQASettings, prompt: str, unit: str, *args: Any) -> Any:
+    """One unit of ``run_rows`` in a worker process (``--jobs``): the stage rebuilt from the folder's settings
+    (the same split and corpus: both are deterministic), log lines prefixed with the unit."""
+    folder = validate(settings)
+    data = load_demo_data(folder, val_questions=settings.val_questions, train_questions=settings.train_questions,
+                          test_questions=settings.test_questions)  # fmt: skip
+    name = unit if unit != "warm_rl" else f"warm_rl seed {args[0]}"
+    stage = Stage(Path(out), settings, data, data.retriever(), Path(prompt), resolve_starting_model(settings.model),
+                  lambda line: _stderr(f"[{name}] {line}"))  # fmt: skip
+    if unit == "start":
+        return start_unit(stage, *args)
+    if unit == "rl":
+        return rl_unit(stage)
+    if unit == "warm":
+        model_dir, summary, minutes = args
+        return warm_unit(stage, Path(model_dir), summary, minutes)
+    seed, model_dir = args
+    return warm_rl_unit(stage, seed, Path(model_dir))
 
 
 def summary_of(
@@ -406,8 +497,7 @@ def run_hotpotqa_demo(
         if (earlier := stage.done(name)) is not None:
             rows[name] = earlier
             log(f"{name}: done before ({stage.row_file(name)})")
-    starting_rows(stage, settings.rows, rows)
-    warm_rows(stage, settings.rows, rows)
+    run_rows(stage, settings.rows, rows, settings.jobs)
     cfg = recipe(settings, settings.seeds[0], out, stage.prompt, model_dir)
     summary = summary_of(rows, settings, cfg, data, model_dir, command, time.perf_counter() - t_start)
     (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=1) + "\n")

@@ -26,7 +26,7 @@ HOTPOTQA_ONLY = {"rows": None, "val_questions": None, "train_questions": None, "
 """Flags of the HotpotQA demo and their unset values."""
 SYNTH_ONLY = {
     "no_control": False, "no_ablation": False, "no_zero_shot": False, "only": None, "nq_sample": None,
-    "hotpotqa_questions": None, "jobs": 1,
+    "hotpotqa_questions": None,
 }  # fmt: skip
 """Flags of the synthetic demo and their unset values."""
 
@@ -78,6 +78,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         template=pick(args.template, base.template),
         algorithm=args.algorithm,
         overrides=[*base.overrides, *args.overrides],
+        jobs=args.jobs,
     )
 
 
@@ -93,7 +94,7 @@ def command_of(settings: Any, out: Path, threads: int = DEFAULT_THREADS) -> str:
     base = HotpotQASettings.quick_settings() if settings.quick else HotpotQASettings()
     flags = {"sample": "--hotpotqa-sample", "seeds": "--seeds", "val_questions": "--val-questions",
              "train_questions": "--train-questions", "test_questions": "--num-test", "steps": "--steps",
-             "model": "--model", "template": "--template", "algorithm": "--algorithm"}  # fmt: skip
+             "model": "--model", "template": "--template", "algorithm": "--algorithm", "jobs": "--jobs"}  # fmt: skip
     argv = ["searchr1", "demo", "--data", "hotpotqa", *(["--quick"] if settings.quick else [])]
     argv += [
         "--out",

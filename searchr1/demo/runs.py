@@ -531,18 +531,6 @@ def execute_run(
     return row
 
 
-def _pin_worker(cores: Any) -> None:
-    """Worker initializer: take a set of cores, pin to them, use as many torch threads."""
-    import os
-
-    import torch
-
-    mine = cores.get()
-    if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, mine)
-    torch.set_num_threads(len(mine))
-
-
 def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -594,21 +582,11 @@ def run_learning_demo(
             done(spec, execute_run(spec, settings, out, model_dir, real_folders, log))
             gc.collect()
     else:
-        import multiprocessing as mp
-        import os
-        from concurrent.futures import ProcessPoolExecutor, as_completed
+        from concurrent.futures import as_completed
 
-        ctx = mp.get_context("spawn")
-        cores = ctx.Queue()
-        available = (
-            sorted(os.sched_getaffinity(0))
-            if hasattr(os, "sched_getaffinity")
-            else list(range(os.cpu_count() or 1))
-        )
-        per = max(1, len(available) // jobs)
-        for j in range(jobs):
-            cores.put(set(available[j * per : (j + 1) * per]) or set(available))
-        with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_pin_worker, initargs=(cores,)) as pool:
+        from searchr1.demo.workers import worker_pool
+
+        with worker_pool(jobs) as pool:
             futures = {
                 pool.submit(execute_run, spec, settings, out, model_dir, real_folders, _stderr, True): spec
                 for spec in plan

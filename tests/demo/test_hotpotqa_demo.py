@@ -210,6 +210,34 @@ def test_the_command_runs_every_row_and_writes_every_rows_keys(tmp_path, tiny_mo
     assert json.loads((out / "summary.json").read_text())["rows"] == summary["rows"]
 
 
+def test_jobs_run_the_rows_in_worker_processes_from_one_warm_start(tmp_path, tiny_model_dir, capfd, one_thread):
+    sample = write_sample(tmp_path / "sample")
+    out = tmp_path / "demo"
+    argv = ["demo", "--data", "hotpotqa", "--hotpotqa-sample", str(sample), "--out", str(out),
+            "--model", str(tiny_model_dir), "--jobs", "2", *TINY]  # fmt: skip
+    assert main(argv) == 0
+    err = capfd.readouterr().err
+    summary = json.loads((out / "summary.json").read_text())
+    assert list(summary["rows"]) == list(ROWS)
+    for name, row in summary["rows"].items():
+        assert all(isinstance(row[k], float) for k in ROW_KEYS), name
+    # each run in a worker (its log lines prefixed), the warm start once, in this process
+    for unit in ("[start] direct: EM", "[rl] rl: EM", "[warm] warm: EM", "[warm_rl seed 0] warm_rl: RL from",
+                 "[warm_rl seed 1] warm_rl: RL from"):  # fmt: skip
+        assert unit in err, unit
+    assert err.count("warm start: 8 gold trajectories") == 1 and "done before" not in err
+    warm_rl = summary["rows"]["warm_rl"]
+    for seed in ("0", "1"):
+        recs = records(out / "eval" / f"warm_rl_seed_{seed}" / "trajectories.jsonl")
+        assert warm_rl["em_by_seed"][seed] == pytest.approx(sum(r["scores"]["em"] for r in recs) / 5)
+        cfg = yaml.safe_load((out / "warm_rl" / f"seed_{seed}" / "config.yaml").read_text())
+        assert cfg["seed"] == int(seed) and cfg["model"]["path"] == str(out / "warm_start" / "model")
+    assert summary["settings"]["jobs"] == 2
+    # the folder continues with another --jobs: the settings' fingerprint leaves it out
+    assert main([*argv[: argv.index("--jobs")], *TINY, "--rows", "rl"]) == 0
+    assert "rl: done before" in capfd.readouterr().err
+
+
 def parser() -> argparse.ArgumentParser:
     from searchr1.demo.cli import add_arguments
 

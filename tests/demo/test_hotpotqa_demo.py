@@ -236,6 +236,26 @@ def test_jobs_run_the_rows_in_worker_processes_from_one_warm_start(tmp_path, tin
     # the folder continues with another --jobs: the settings' fingerprint leaves it out
     assert main([*argv[: argv.index("--jobs")], *TINY, "--rows", "rl"]) == 0
     assert "rl: done before" in capfd.readouterr().err
+    # the same numbers as one process running the same units one after another (same seeds, one thread)
+    serial = tmp_path / "serial"
+    assert main([*argv[: argv.index("--out") + 1], str(serial), *argv[argv.index("--out") + 2 : argv.index("--jobs")],
+                 *TINY]) == 0  # fmt: skip
+    rows = json.loads((serial / "summary.json").read_text())["rows"]
+    for name, row in summary["rows"].items():
+        numbers = [*ROW_KEYS, "em_bridge", "em_comparison", "em_by_seed"]
+        assert {k: row.get(k) for k in numbers} == {k: rows[name].get(k) for k in numbers}, name
+    # the rows' numbers are all 0 with the tiny model: what each RL run sampled and logged tells runs apart
+    # (the two seeds' trajectories differ), and must match run for run
+    def run_log(folder: Path) -> tuple[list, list]:
+        sampled = [r["segments"] for r in records(folder / "trajectories.jsonl")]
+        steps = [{k: v for k, v in r.items() if k != "time" and not k.startswith("timing/")}
+                 for r in records(folder / "metrics.jsonl")]  # fmt: skip
+        return sampled, steps
+
+    runs = ["rl", "warm_rl/seed_0", "warm_rl/seed_1"]
+    assert run_log(out / runs[1])[0] != run_log(out / runs[2])[0]
+    for run in runs:
+        assert run_log(out / run) == run_log(serial / run), run
 
 
 def parser() -> argparse.ArgumentParser:

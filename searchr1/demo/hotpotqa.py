@@ -246,9 +246,15 @@ class Stage:
 
 
 def _line(name: str, row: dict[str, Any]) -> str:
-    return (f"{name}: EM {row['em']:.3f}  F1 {row['f1']:.3f}  valid format {row['valid_format']:.2f}  searches "
-            f"bridge {row['searches_bridge']:.2f} / comparison {row['searches_comparison']:.2f}  "
-            f"({row['minutes']:.1f} min)")  # fmt: skip
+    """A row's console line; a number the row lacks (searches of a type its test questions lack: None) is -."""
+
+    def num(key: str, digits: int) -> str:
+        value = row.get(key)
+        return f"{value:.{digits}f}" if isinstance(value, int | float) else "-"
+
+    return (f"{name}: EM {num('em', 3)}  F1 {num('f1', 3)}  valid format {num('valid_format', 2)}  searches "
+            f"bridge {num('searches_bridge', 2)} / comparison {num('searches_comparison', 2)}  "
+            f"({num('minutes', 1)} min)")  # fmt: skip
 
 
 START_ROWS = ("direct", "rag", "agent")

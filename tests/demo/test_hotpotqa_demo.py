@@ -258,6 +258,16 @@ def test_jobs_run_the_rows_in_worker_processes_from_one_warm_start(tmp_path, tin
         assert run_log(out / run) == run_log(serial / run), run
 
 
+def test_test_questions_of_one_type_print_a_dash_for_the_other(tmp_path, tiny_model_dir, capsys, one_thread):
+    sample = write_sample(tmp_path / "sample")  # test question 0 is a bridge question
+    argv = ["demo", "--data", "hotpotqa", "--hotpotqa-sample", str(sample), "--out", str(tmp_path / "demo"),
+            "--model", str(tiny_model_dir), "--num-test", "1", "--rows", "direct", *TINY]  # fmt: skip
+    assert main(argv) == 0
+    row = json.loads((tmp_path / "demo" / "rows" / "direct.json").read_text())
+    assert row["searches_bridge"] == 0.0 and row["searches_comparison"] is None
+    assert "searches bridge 0.00 / comparison -" in capsys.readouterr().err
+
+
 def parser() -> argparse.ArgumentParser:
     from searchr1.demo.cli import add_arguments
 

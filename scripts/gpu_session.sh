@@ -129,23 +129,22 @@ if [ "$PART" = "demos" ] || [ "$PART" = "hotpotqa" ]; then
     log "hotpotqa (limit ${T}s): rows ${HOTPOTQA_ROWS:-all}, --jobs ${HOTPOTQA_JOBS:-6}"
     # shellcheck disable=SC2086
     job hotpotqa "0-$(( $(nproc) - 1 ))" "${H[@]}" --jobs "${HOTPOTQA_JOBS:-6}" ${HOTPOTQA_ROWS:+--rows $HOTPOTQA_ROWS} \
-      --out "$W/hotpotqa" --write-results "$W/hotpotqa_rl.json" ${HOTPOTQA_FLAGS:-} "${D[@]}"
-    kill "$packer" "$smi" 2>/dev/null
-    pack
-    log "done: $(du -ch "$OUT"/work.tgz.part* | tail -1 | cut -f1) packed in $(ls "$OUT"/work.tgz.part* | wc -l) parts"
-    exit 0
+      --out "$W/hotpotqa" --write-results "$W/hotpotqa_rl.json" ${HOTPOTQA_FLAGS:-} "${D[@]}" &
+    pids=($!)
+  else
+    log "demos (limit ${T}s each): demo seeds 0-2, every run (15 workers), on cores 0-12; HotpotQA rows on 13, 14, 15"
+    job demo 0-12 demo --seeds 0 1 2 --jobs 15 --threads 1 --out "$W/demo" --nq-sample "$S/flashrag-sample" \
+      --hotpotqa-sample "$S/hotpotqa-sample" ${DEMO_FLAGS:-} "${D[@]}" &
+    p1=$!
+    job hotpotqa_warm 13 "${H[@]}" --rows warm warm_rl --out "$W/hotpotqa_warm" --write-results "$W/hotpotqa_warm.json" ${HOTPOTQA_FLAGS:-} "${D[@]}" &
+    p2=$!
+    job hotpotqa_start 14 "${H[@]}" --rows direct rag agent --out "$W/hotpotqa_start" --write-results "$W/hotpotqa_start.json" ${HOTPOTQA_FLAGS:-} "${D[@]}" &
+    p3=$!
+    job hotpotqa_rl 15 "${H[@]}" --rows rl --out "$W/hotpotqa_rl" --write-results "$W/hotpotqa_rl.json" ${HOTPOTQA_FLAGS:-} "${D[@]}" &
+    p4=$!
+    pids=("$p1" "$p2" "$p3" "$p4")
   fi
-  log "demos (limit ${T}s each): demo seeds 0-2, every run (15 workers), on cores 0-12; HotpotQA rows on 13, 14, 15"
-  job demo 0-12 demo --seeds 0 1 2 --jobs 15 --threads 1 --out "$W/demo" --nq-sample "$S/flashrag-sample" \
-    --hotpotqa-sample "$S/hotpotqa-sample" ${DEMO_FLAGS:-} "${D[@]}" &
-  p1=$!
-  job hotpotqa_warm 13 "${H[@]}" --rows warm warm_rl --out "$W/hotpotqa_warm" --write-results "$W/hotpotqa_warm.json" ${HOTPOTQA_FLAGS:-} "${D[@]}" &
-  p2=$!
-  job hotpotqa_start 14 "${H[@]}" --rows direct rag agent --out "$W/hotpotqa_start" --write-results "$W/hotpotqa_start.json" ${HOTPOTQA_FLAGS:-} "${D[@]}" &
-  p3=$!
-  job hotpotqa_rl 15 "${H[@]}" --rows rl --out "$W/hotpotqa_rl" --write-results "$W/hotpotqa_rl.json" ${HOTPOTQA_FLAGS:-} "${D[@]}" &
-  p4=$!
-  wait "$p1" "$p2" "$p3" "$p4"
+  wait "${pids[@]}"
   kill "$packer" "$smi" 2>/dev/null
   pack
   log "done: $(du -ch "$OUT"/work.tgz.part* | tail -1 | cut -f1) packed in $(ls "$OUT"/work.tgz.part* | wc -l) parts"

@@ -372,7 +372,7 @@ def run_rows(stage: Stage, wanted: Sequence[str], rows: dict[str, Any], jobs: in
                 per_seed[s] = warm_rl_unit(stage, s, result.model_dir)
     else:
         with worker_pool(jobs) as pool:
-            args = (str(stage.out), stage.settings, str(stage.prompt))
+            args = (str(stage.out), stage.settings, str(stage.prompt), str(stage.model_dir))
             futures = {}
             if start:
                 futures["start"] = pool.submit(_unit_in_worker, *args, "start", tuple(start))
@@ -381,12 +381,12 @@ def run_rows(stage: Stage, wanted: Sequence[str], rows: dict[str, Any], jobs: in
             if need_warm_start:
                 result, warm_minutes = warm_start(stage)
                 t_rl = time.perf_counter()
-                model_dir = str(result.model_dir)
+                warm_dir = str(result.model_dir)
                 if "warm" in wanted and "warm" not in rows:
-                    futures["warm"] = pool.submit(_unit_in_worker, *args, "warm", model_dir, result.summary,
+                    futures["warm"] = pool.submit(_unit_in_worker, *args, "warm", warm_dir, result.summary,
                                                   warm_minutes)  # fmt: skip
                 for s in todo_seeds:
-                    futures[f"warm_rl_seed_{s}"] = pool.submit(_unit_in_worker, *args, "warm_rl", s, model_dir)
+                    futures[f"warm_rl_seed_{s}"] = pool.submit(_unit_in_worker, *args, "warm_rl", s, warm_dir)
             for name, future in futures.items():
                 got = future.result()
                 if name == "start":
@@ -403,24 +403,26 @@ def run_rows(stage: Stage, wanted: Sequence[str], rows: dict[str, Any], jobs: in
         stage.log(_line("warm_rl", row))
 
 
-def _unit_in_worker(out: str, settings: HotpotQASettings, prompt: str, unit: str, *args: Any) -> Any:
-    """One unit of ``run_rows`` in a worker process (``--jobs``): the stage rebuilt from the folder's settings
-    (the same split and corpus: both are deterministic), log lines prefixed with the unit."""
-    folder = validate(settings)
+def _unit_in_worker(
+    out: str, settings: HotpotQASettings, prompt: str, model_dir: str, unit: str, *args: Any
+) -> Any:  # fmt: skip
+    """One unit of ``run_rows`` in a worker process (``--jobs``): the stage rebuilt from the settings the main
+    process validated (the same split and corpus: both are deterministic), log lines prefixed with the unit."""
+    folder = find_hotpotqa_sample(settings.sample)
     data = load_demo_data(folder, val_questions=settings.val_questions, train_questions=settings.train_questions,
                           test_questions=settings.test_questions)  # fmt: skip
     name = unit if unit != "warm_rl" else f"warm_rl seed {args[0]}"
-    stage = Stage(Path(out), settings, data, data.retriever(), Path(prompt), resolve_starting_model(settings.model),
+    stage = Stage(Path(out), settings, data, data.retriever(), Path(prompt), Path(model_dir),
                   lambda line: _stderr(f"[{name}] {line}"))  # fmt: skip
     if unit == "start":
         return start_unit(stage, *args)
     if unit == "rl":
         return rl_unit(stage)
     if unit == "warm":
-        model_dir, summary, minutes = args
-        return warm_unit(stage, Path(model_dir), summary, minutes)
-    seed, model_dir = args
-    return warm_rl_unit(stage, seed, Path(model_dir))
+        warm_dir, summary, minutes = args
+        return warm_unit(stage, Path(warm_dir), summary, minutes)
+    seed, warm_dir = args
+    return warm_rl_unit(stage, seed, Path(warm_dir))
 
 
 def summary_of(

@@ -32,9 +32,10 @@ left, once the heap holds k passages, their postings in the window are merged in
 (each one's current block is decoded and holds the window), each passage's essential scores summed
 strongest first as the passage-at-a-time loop sums them, then filtered and probed the same way: at 4M
 passages the slowest all-common queries ("who the of bafe second beni": four terms in 196k-640k passages,
-two essential) went from 22 to 12 ms, the 4,096 queries' total 0.78x (interleaved rounds, one thread). Hot loops pass no array
-to a function: numba counts references to an array handed to a call (two atomic operations each),
-which cost a quarter of the kernel's time per posting before (profiled with ``perf``).
+two essential) went from 22 to 12 ms, the 4,096 queries' total 0.78x (interleaved rounds, one thread).
+
+Hot loops pass no array to a function: numba counts references to an array handed to a call (two atomic
+operations each), which cost a quarter of the kernel's time per posting before (profiled with ``perf``).
 
 The search starts from a floor under ``theta`` (as WAND implementations seed their threshold; Ding &
 Suel, 2011): before any passage is visited, each query term of at most ``FLOOR_POSTINGS`` postings has
